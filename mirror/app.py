@@ -1,0 +1,158 @@
+"""``create_app(settings)``: the only place that wires concrete classes together.
+
+The ASGI entry point dispatches on the *raw* path (see :mod:`mirror.hf`): resolve routes and Hub API routes go to
+plain ASGI handlers (the hot path carries no framework overhead); operations routes (``/healthz``, ``/metrics``,
+``/``) and the OpenAPI docs are a FastAPI app. Resources are built in the lifespan, not at import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+
+from mirror import hf
+from mirror.access import AccessPolicy, Caller
+from mirror.config import Settings
+from mirror.errors import MethodNotAllowed, MirrorError
+from mirror.fill import FillManager
+from mirror.gc import CacheManager
+from mirror.index import MetadataIndex
+from mirror.metrics import Metrics
+from mirror.routes import ops
+from mirror.routes.api import ApiHandler
+from mirror.routes.common import Receive, Scope, Send, bearer_token, check_raw_path, send_error
+from mirror.routes.resolve import ResolveHandler
+from mirror.service import MirrorService
+from mirror.storage.local import LocalBlobStore
+from mirror.upstream import UpstreamClient
+
+access_log = logging.getLogger("hf_mirror.access")
+log = logging.getLogger("hf_mirror")
+
+
+class Mirror:
+    """The running mirror's parts, built in the lifespan and closed on shutdown."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        settings.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.store = LocalBlobStore(settings.cache_dir)
+        self.index = MetadataIndex(settings.cache_dir / "index")
+        self.upstream = UpstreamClient(settings, metrics)
+        self.fills = FillManager(
+            self.store, self.upstream, metrics, chunk_size=settings.fill_chunk_size,
+            lease_ttl=settings.lease_stale_seconds, cancel_on_disconnect=settings.fill_on_disconnect == "cancel",
+        )
+        self.access = AccessPolicy(self.index, ttl=settings.access_ttl, fail_open=settings.access_fail_open)
+        self.service = MirrorService(settings, self.index, self.store, self.upstream, self.fills, self.access, metrics)
+        self.cache = CacheManager(self.store, self.index, metrics, max_size=settings.max_size,
+                                  is_busy=self.fills.is_filling)
+        self.resolve = ResolveHandler(self.service, self.fills, self.upstream, metrics,
+                                      chunk_size=settings.serve_chunk_size, accel_redirect=settings.accel_redirect)
+        self.api = ApiHandler(self.service, metrics, max_paths_info=settings.max_paths_info)
+        self._gc_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.cache.sweep_partials()
+        if self.settings.max_size and self.settings.gc_interval > 0:
+            self._gc_task = asyncio.create_task(self.cache.run_periodically(self.settings.gc_interval))
+
+    async def close(self) -> None:
+        if self._gc_task is not None:
+            self._gc_task.cancel()
+        await self.fills.aclose(self.settings.shutdown_grace)
+        await self.upstream.aclose()
+        self.index.close()
+
+    async def status(self) -> dict[str, Any]:
+        return await self.cache.status(self.settings, self.upstream, self.fills)
+
+
+class MirrorApp:
+    """The ASGI application."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.mirror: Mirror | None = None
+        self.fastapi = FastAPI(title="hf-mirror", version="0.1.0", lifespan=self._lifespan)
+        ops.install(self.fastapi, self.metrics, self._status)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _app: FastAPI) -> AsyncIterator[None]:
+        self.mirror = Mirror(self.settings, self.metrics)
+        await self.mirror.start()
+        log.info("hf-mirror ready: upstream %s, cache %s%s", self.settings.upstream, self.settings.cache_dir,
+                 " (offline)" if self.settings.offline else "")
+        try:
+            yield
+        finally:
+            await self.mirror.close()
+
+    async def _status(self) -> dict[str, Any]:
+        assert self.mirror is not None
+        return await self.mirror.status()
+
+    def caller(self, scope: Scope) -> Caller:
+        token = bearer_token(scope)
+        if token:
+            return Caller(token, own_token=True)
+        return Caller(self.settings.upstream_token, own_token=False)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.mirror is None:
+            await self.fastapi(scope, receive, send)
+            return
+        started = time.perf_counter()
+        request_id = uuid.uuid4().hex[:16]
+        status_box: list[int] = [0]
+
+        async def send_logged(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status_box[0] = message["status"]
+                message["headers"] = list(message.get("headers", [])) + [(b"x-request-id", request_id.encode())]
+            await send(message)
+
+        # The zero-copy path needs uvicorn's own bound ``send`` (see mirror.routes.sendfile): it travels in the scope.
+        outward = send_logged if self.settings.access_log else send
+        scope["hf_mirror.raw_send"] = send
+        outcome = await self._dispatch(scope, receive, outward)
+        if self.settings.access_log:
+            access_log.info(
+                "%s %s %s %s %.1fms", request_id, scope["method"], scope.get("path", ""), status_box[0] or "-",
+                (time.perf_counter() - started) * 1000, extra={"outcome": outcome, "request_id": request_id},
+            )
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> str:
+        assert self.mirror is not None
+        raw_path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+        method = scope["method"]
+        try:
+            if "/resolve/" in raw_path or raw_path.startswith("/api/resolve-cache/"):
+                check_raw_path(raw_path)
+                target = hf.parse_resolve(raw_path)
+                if target is not None:
+                    if method not in ("GET", "HEAD"):
+                        raise MethodNotAllowed(f"{method} is not allowed on resolve URLs")
+                    return await self.mirror.resolve(scope, receive, send, target, self.caller(scope))
+            if raw_path.startswith("/api/") and raw_path != "/api/mirror/status":
+                check_raw_path(raw_path)
+                api_target = hf.parse_api(raw_path)
+                return await self.mirror.api(scope, receive, send, raw_path, api_target, self.caller(scope))
+        except MirrorError as exc:
+            await send_error(send, exc, head=method == "HEAD")
+            return "error"
+        await self.fastapi(scope, receive, send)
+        return "ops"
+
+
+def create_app(settings: Settings) -> MirrorApp:
+    return MirrorApp(settings)

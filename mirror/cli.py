@@ -1,0 +1,91 @@
+"""``hf-mirror`` / ``python -m mirror``: serve, sync, cache, bench, demo.
+
+Each subcommand's flags are defined next to its code (``add_arguments``/``run`` pairs); the CLI only wires them.
+``serve``'s flags are a contract used by deploy files and outside checks: extend them, never break them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mirror.config import ConfigError, Settings, load_settings
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that build :class:`Settings` (also env ``HF_MIRROR_<NAME>`` and keys of ``--config``)."""
+    add = parser.add_argument
+    add("--config", type=Path, help="TOML file with settings (keys as the flags, with underscores)")
+    add("--host", help="address to listen on (default 127.0.0.1)")
+    add("--port", type=int, help="port to listen on (default 8090)")
+    add("--upstream", help="Hub to mirror (default https://huggingface.co; another mirror works too)")
+    add("--cache-dir", type=Path, help="where blobs and the index live (default ~/.cache/hf-mirror)")
+    add("--offline", action="store_true", default=None, help="never contact upstream; serve only what is cached")
+    add("--revision-ttl", type=float, help="seconds a branch/tag -> commit mapping is trusted (default 300)")
+    add("--upstream-token", help="Hub token used for callers that send none (or HF_TOKEN)")
+    add("--workers", type=int, help="worker processes (default 1); they share one cache and one fill per file")
+    add("--max-size", help="disk quota for blobs, e.g. 500G; least recently used unpinned blobs are evicted")
+    add("--accel-redirect", help="nginx internal location prefix for cache hits, e.g. /_hf_mirror_blobs/")
+    add("--log-format", choices=("text", "json"), help="log line format (default text)")
+    add("--log-level", help="debug, info, warning, error (default info)")
+    add("--connect-timeout", type=float, help="upstream connect timeout in seconds (default 10)")
+    add("--read-timeout", type=float, help="upstream read timeout in seconds (default 30)")
+    add("--fill-on-disconnect", choices=("continue", "cancel"),
+        help="what a fill does when its last client leaves (default continue)")
+    add("--access-ttl", type=float, help="seconds a caller's confirmed access to a gated/private repo is kept")
+    add("--ssl-certfile", type=Path, help="TLS certificate for the embedded server")
+    add("--ssl-keyfile", type=Path, help="TLS private key for the embedded server")
+    add("--auth-tokens-file", type=Path, help="TOML file of mirror tokens: turns on mirror-side access control")
+    add("--jwt-secret", help="HS256 secret for mirror JWTs: turns on mirror-side access control")
+    add("--jwt-public-key-file", type=Path, help="RS256 public key (PEM) for mirror JWTs")
+    add("--allow-repos", help="comma-separated patterns, e.g. 'model:meta-llama/*,dataset:*'")
+    add("--deny-repos", help="comma-separated patterns, e.g. 'space:*'")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    values: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("command", "func", "config")}
+    return load_settings(values, config_file=getattr(args, "config", None))
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from mirror.server import serve
+
+    serve(settings_from_args(args))
+    return 0
+
+
+Subcommand = tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+
+
+def _subcommands() -> list[Subcommand]:
+    commands: list[Subcommand] = [("serve", "run the mirror server", add_settings_arguments, _run_serve)]
+    return commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-mirror", description="A self-hosted Hugging Face Hub mirror.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text, add_arguments, func in _subcommands():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(command)
+        command.set_defaults(func=func)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"hf-mirror: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

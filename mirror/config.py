@@ -1,0 +1,186 @@
+"""Settings: the one home of configuration.
+
+Precedence, lowest first: defaults < TOML file (``--config``) < ``HF_MIRROR_<NAME>`` env vars < CLI
+flags.
+Only the CLI and the app factory build a :class:`Settings`; everything else receives it, or a part of it, as an
+argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "HF_MIRROR_"
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4, "p": 1000**5}
+
+
+class ConfigError(ValueError):
+    """A setting has a value that cannot be used; the message says which and why."""
+
+
+def parse_size(value: str | int | None) -> int | None:
+    """Parse ``10GiB``, ``500G``, ``1.5 TB`` or a byte count; ``None``/``0``/empty mean unlimited."""
+    if value is None or value == "" or value == 0:
+        return None
+    if isinstance(value, int):
+        return value
+    match = _SIZE_RE.match(str(value))
+    if not match:
+        raise ConfigError(f"cannot parse size {value!r}: use a byte count or e.g. 500G, 1.5TiB")
+    number, unit = float(match.group(1)), (match.group(2) or "").lower()
+    binary = "i" in unit
+    prefix = unit[:1] if unit[:1] in "kmgtp" else ""
+    multiplier = 1024 ** "kmgtp".index(prefix) * 1024 if (binary and prefix) else _SIZE_UNITS[prefix]
+    return int(number * multiplier) or None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob of the mirror. Field names are the TOML keys and, upper-cased, the env var suffixes."""
+
+    host: str = "127.0.0.1"
+    port: int = 8090
+    upstream: str = "https://huggingface.co"
+    cache_dir: Path = field(default_factory=lambda: Path("~/.cache/hf-mirror").expanduser())
+    offline: bool = False
+    revision_ttl: float = 300.0
+    upstream_token: str | None = None
+    workers: int = 1
+    log_format: str = "text"
+    log_level: str = "info"
+    access_log: bool = True
+    # Upstream timeouts (seconds) and retry policy.
+    connect_timeout: float = 10.0
+    read_timeout: float = 30.0
+    total_timeout: float = 0.0  # 0: no overall bound on a metadata request besides connect/read
+    upstream_retries: int = 4
+    retry_backoff_max: float = 8.0
+    # Fill engine.
+    fill_on_disconnect: str = "continue"  # continue | cancel
+    fill_chunk_size: int = 1024 * 1024
+    lease_stale_seconds: float = 30.0
+    # Serving.
+    serve_chunk_size: int = 4 * 1024 * 1024
+    accel_redirect: str | None = None
+    # Disk.
+    max_size: int | None = None
+    gc_interval: float = 600.0
+    # Access (issue 6).
+    access_ttl: float = 300.0
+    access_fail_open: bool = False
+    auth_tokens_file: Path | None = None
+    jwt_secret: str | None = None
+    jwt_public_key_file: Path | None = None
+    allow_repos: tuple[str, ...] = ()
+    deny_repos: tuple[str, ...] = ()
+    max_paths_info: int = 1000
+    # TLS for the embedded server.
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    # Graceful shutdown bound (seconds) for fills in flight.
+    shutdown_grace: float = 20.0
+
+    def __post_init__(self) -> None:
+        if not self.upstream.startswith(("http://", "https://")):
+            raise ConfigError(f"upstream must be an http(s) URL, got {self.upstream!r}")
+        object.__setattr__(self, "upstream", self.upstream.rstrip("/"))
+        object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"port must be 1..65535, got {self.port}")
+        if self.revision_ttl < 0:
+            raise ConfigError("revision_ttl must be >= 0 seconds")
+        if self.fill_on_disconnect not in ("continue", "cancel"):
+            raise ConfigError("fill_on_disconnect must be 'continue' or 'cancel'")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError("log_format must be 'text' or 'json'")
+        if self.workers < 1:
+            raise ConfigError("workers must be >= 1")
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise ConfigError("ssl_certfile and ssl_keyfile must be given together")
+
+    @property
+    def auth_required(self) -> bool:
+        """Mirror-side access control is on when a tokens file or a JWT key is configured."""
+        return bool(self.auth_tokens_file or self.jwt_secret or self.jwt_public_key_file)
+
+    def redacted(self) -> dict[str, Any]:
+        """The settings as a dict fit for logs and the status page: secrets replaced."""
+        out = dataclasses.asdict(self)
+        for key in ("upstream_token", "jwt_secret"):
+            if out.get(key):
+                out[key] = "***"
+        return {k: str(v) if isinstance(v, Path) else v for k, v in out.items()}
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def _coerce(name: str, raw: Any) -> Any:
+    """Turn a TOML/env/CLI value into the field's type, with a clear error."""
+    kind = str(_FIELDS[name].type)
+    try:
+        if name == "max_size":
+            return parse_size(raw)
+        if kind.startswith("bool"):
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(raw)
+        if kind.startswith("int"):
+            return int(raw)
+        if kind.startswith("float"):
+            return float(raw)
+        if kind.startswith("tuple"):
+            items = raw if isinstance(raw, list | tuple) else str(raw).split(",")
+            return tuple(str(item).strip() for item in items if str(item).strip())
+        if "Path" in kind:
+            return Path(str(raw)).expanduser() if raw not in (None, "") else None
+        return None if raw is None else str(raw)
+    except ValueError as exc:
+        raise ConfigError(f"invalid value for {name}: {raw!r}") from exc
+
+
+def load_settings(
+    cli: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> Settings:
+    """Merge defaults, the TOML file, ``HF_MIRROR_*`` env vars and CLI values (``None`` = not given)."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    config_file = config_file or (Path(env[ENV_PREFIX + "CONFIG"]) if env.get(ENV_PREFIX + "CONFIG") else None)
+    if config_file is not None:
+        try:
+            data = tomllib.loads(Path(config_file).read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {config_file}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from exc
+        data = data.get("mirror", data)
+        unknown = sorted(set(data) - set(_FIELDS))
+        if unknown:
+            raise ConfigError(f"unknown setting(s) in {config_file}: {', '.join(unknown)}")
+        values.update({k: _coerce(k, v) for k, v in data.items()})
+    for name in _FIELDS:
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is not None:
+            values[name] = _coerce(name, raw)
+    # HF_TOKEN is the conventional home of a Hub token; the mirror's own variable wins.
+    if "upstream_token" not in values and env.get("HF_TOKEN"):
+        values["upstream_token"] = env["HF_TOKEN"]
+    for name, raw in (cli or {}).items():
+        if raw is not None and name in _FIELDS:
+            values[name] = _coerce(name, raw)
+    return Settings(**values)

@@ -1,0 +1,358 @@
+"""The fill engine: one upstream download per blob, streamed to every waiting client while it is stored.
+
+A fill is *stream + hash + verify + atomic commit*. It runs as its own task, owned by :class:`FillManager` and
+detached from the request that started it (Starlette cancels a streaming response's generator when its client
+hangs up, so a commit placed after a tee loop would never run). Followers read the growing partial file.
+
+One fill per blob:
+- in this process, by the ``_fills`` table;
+- across processes and nodes, by the store's lease. A process that does not hold the lease follows the partial
+  file the holder writes, and takes over (resuming from the partial's size) when the lease is freed or expires.
+
+Nothing bad is served: size and hash (sha256 for LFS, git blob sha1 for regular files) are checked before the blob
+is committed, and readers of a fill in progress are held back from its last byte until the blob is committed, so
+a client never completes a download of bytes that failed verification.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from mirror import hf
+from mirror.errors import IntegrityError, MirrorError, UpstreamUnavailable
+from mirror.metrics import Metrics
+from mirror.storage.base import BlobStore
+from mirror.upstream import UpstreamClient, UrlExpired
+
+log = logging.getLogger("hf_mirror.fill")
+
+_FOLLOW_POLL = 0.02  # seconds between looks at a partial file another process writes
+_MAX_ATTEMPTS_WITHOUT_PROGRESS = 6
+
+
+@dataclass(frozen=True)
+class FillSpec:
+    """What to download: a file at a commit, which becomes blob ``etag`` of ``size`` bytes."""
+
+    repo: hf.RepoRef
+    commit: str
+    path: str
+    etag: str
+    size: int
+    token: str | None = None
+    cdn_url: str | None = None
+    detached: bool = True  # False: the fill may be cancelled when its last reader leaves (fill_on_disconnect=cancel)
+
+
+class BlobHasher:
+    """sha256 for LFS etags (64 hex), git blob sha1 for regular-file etags (40 hex), size only otherwise."""
+
+    def __init__(self, etag: str, size: int) -> None:
+        self.etag = etag
+        if hf.SHA256_RE.match(etag):
+            self._hash: hashlib._Hash | None = hashlib.sha256()
+        elif hf.SHA1_RE.match(etag):
+            self._hash = hashlib.sha1()
+            self._hash.update(b"blob %d\0" % size)
+        else:
+            self._hash = None
+
+    def update(self, data: bytes | memoryview) -> None:
+        if self._hash is not None:
+            self._hash.update(data)
+
+    def matches(self) -> bool:
+        return self._hash is None or self._hash.hexdigest() == self.etag
+
+
+def hash_file(path: Path, etag: str, size: int, chunk: int = 4 * 1024 * 1024) -> bool:
+    """Re-hash a file against its etag (used by verify and by resume)."""
+    hasher = BlobHasher(etag, size)
+    total = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            hasher.update(block)
+            total += len(block)
+    return total == size and hasher.matches()
+
+
+class Fill:
+    """The shared state of one blob fill: how many bytes are on disk, and how it ended."""
+
+    def __init__(self, spec: FillSpec, partial: Path) -> None:
+        self.spec = spec
+        self.partial = partial
+        self.written = 0
+        self.committed: Path | None = None
+        self.error: BaseException | None = None
+        self.readers = 0
+        self.task: asyncio.Task[None] | None = None
+        self._progress = asyncio.Event()
+
+    @property
+    def finished(self) -> bool:
+        return self.committed is not None or self.error is not None
+
+    def advance(self, written: int) -> None:
+        self.written = written
+        self._wake()
+
+    def finish(self, committed: Path | None, error: BaseException | None = None) -> None:
+        self.committed, self.error = committed, error
+        if committed is not None:
+            self.written = self.spec.size
+        self._wake()
+
+    def _wake(self) -> None:
+        event, self._progress = self._progress, asyncio.Event()
+        event.set()
+
+    async def wait_beyond(self, offset: int) -> None:
+        """Return once more than ``offset`` bytes are readable, or the fill has finished."""
+        while self.readable_end() <= offset and not self.finished:
+            await self._progress.wait()
+
+    def readable_end(self) -> int:
+        """Bytes a reader may take: all when committed; else all but the last, which waits for verification."""
+        if self.committed is not None:
+            return self.spec.size
+        return min(self.written, max(self.spec.size - 1, 0))
+
+
+class FillManager:
+    def __init__(self, store: BlobStore, upstream: UpstreamClient, metrics: Metrics, *, chunk_size: int,
+                 lease_ttl: float, cancel_on_disconnect: bool) -> None:
+        self.store = store
+        self.upstream = upstream
+        self.metrics = metrics
+        self.chunk_size = chunk_size
+        self.lease_ttl = lease_ttl
+        self.cancel_on_disconnect = cancel_on_disconnect
+        self.owner = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._fills: dict[str, Fill] = {}
+        self.on_commit: list[Callable[[FillSpec], None]] = []
+
+    @property
+    def active(self) -> list[Fill]:
+        return list(self._fills.values())
+
+    def is_filling(self, etag: str) -> bool:
+        return etag in self._fills
+
+    async def start(self, spec: FillSpec) -> Fill | None:
+        """Join or start the fill of ``spec.etag``; ``None`` when the blob is already committed."""
+        fill = self._fills.get(spec.etag)
+        if fill is not None:
+            return fill
+        if await self.store.stat(spec.etag) is not None:
+            return None
+        fill = self._fills.get(spec.etag)  # another request may have started it while we looked
+        if fill is not None:
+            return fill
+        fill = Fill(spec, self.store.partial_path(spec.etag))
+        self._fills[spec.etag] = fill
+        fill.task = asyncio.create_task(self._drive(fill), name=f"fill:{spec.etag[:12]}")
+        return fill
+
+    async def fetch(self, spec: FillSpec) -> Path:
+        """Make sure the blob is committed (sync and prefetch use this); returns its local path."""
+        fill = await self.start(spec)
+        if fill is not None:
+            while not fill.finished:
+                await fill.wait_beyond(fill.spec.size)
+            if fill.error is not None:
+                raise fill.error
+        path = await self.store.local_path(spec.etag)
+        if path is None:
+            raise MirrorError(f"blob {spec.etag} vanished after its fill")
+        return path
+
+    async def aclose(self, grace: float) -> None:
+        """Graceful shutdown: let fills finish within ``grace`` seconds, then cancel (they stay resumable)."""
+        tasks = [f.task for f in self._fills.values() if f.task is not None]
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+
+    # --- readers ---------------------------------------------------------------------------------------------------
+
+    async def read(self, fill: Fill, start: int, end: int) -> AsyncIterator[bytes]:
+        """Stream bytes ``start..end`` (inclusive) of a blob while it fills."""
+        fill.readers += 1
+        fd: int | None = None
+        try:
+            fd = self._open_partial_or_blob(fill)
+            position = start
+            while position <= end:
+                await fill.wait_beyond(position)
+                if fill.error is not None:
+                    raise fill.error
+                if fd is None:
+                    fd = self._open_partial_or_blob(fill)
+                    if fd is None:
+                        raise MirrorError("partial file vanished")
+                limit = min(fill.readable_end(), end + 1)
+                while position < limit:
+                    count = min(self.chunk_size, limit - position)
+                    data = await asyncio.to_thread(os.pread, fd, count, position)
+                    if not data:
+                        break
+                    position += len(data)
+                    yield data
+        finally:
+            fill.readers -= 1
+            if fd is not None:
+                os.close(fd)
+            if fill.readers == 0 and self.cancel_on_disconnect and not fill.spec.detached and not fill.finished:
+                if fill.task is not None:
+                    fill.task.cancel()
+
+    def _open_partial_or_blob(self, fill: Fill) -> int | None:
+        for path in (fill.partial, fill.committed):
+            if path is None:
+                continue
+            try:
+                return os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+        return None
+
+    # --- the fill task ---------------------------------------------------------------------------------------------
+
+    async def _drive(self, fill: Fill) -> None:
+        spec = fill.spec
+        self.metrics.fills_in_flight.inc()
+        try:
+            while True:
+                if await self.store.stat(spec.etag) is not None:
+                    fill.finish(await self.store.local_path(spec.etag))
+                    break
+                if await self.store.acquire_lease(spec.etag, self.owner, self.lease_ttl):
+                    try:
+                        await self._download(fill)
+                    finally:
+                        await self.store.release_lease(spec.etag, self.owner)
+                    break
+                await self._follow(fill)
+            self.metrics.fills.labels(result="ok").inc()
+            for callback in self.on_commit:
+                callback(spec)
+        except asyncio.CancelledError:
+            fill.finish(None, UpstreamUnavailable("the fill was cancelled; it resumes on the next request"))
+            self.metrics.fills.labels(result="cancelled").inc()
+            raise
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the readers
+            log.warning("fill of %s %s failed: %s", spec.repo.key, spec.path, exc)
+            fill.finish(None, exc)
+            self.metrics.fills.labels(result="error").inc()
+        finally:
+            self.metrics.fills_in_flight.dec()
+            self._fills.pop(spec.etag, None)
+
+    async def _follow(self, fill: Fill) -> None:
+        """Another process holds the lease: track its partial file until it commits or its lease goes away."""
+        lease_check_every = max(1, int(0.5 / _FOLLOW_POLL))
+        ticks = 0
+        while True:
+            if await self.store.stat(fill.spec.etag) is not None:
+                return
+            try:
+                fill.advance(os.stat(fill.partial).st_size)
+            except FileNotFoundError:
+                pass
+            ticks += 1
+            if ticks % lease_check_every == 0 and await self.store.read_lease(fill.spec.etag) is None:
+                return
+            await asyncio.sleep(_FOLLOW_POLL)
+
+    async def _download(self, fill: Fill) -> None:
+        spec = fill.spec
+        partial = fill.partial
+        fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            hasher = BlobHasher(spec.etag, spec.size)
+            offset = await asyncio.to_thread(_resume_offset, fd, spec.size, hasher, self.chunk_size)
+            fill.advance(offset)
+            if offset:
+                log.info("resuming fill of %s at byte %d of %d", spec.path, offset, spec.size)
+            cdn_url = spec.cdn_url
+            failures = 0
+            while offset < spec.size:
+                before = offset
+                try:
+                    async with self.upstream.stream_file(
+                        spec.repo, spec.commit, spec.path, spec.token, start=offset, cdn_url=cdn_url
+                    ) as (response, final_url):
+                        if final_url != self.upstream.base + spec.repo.resolve_path(spec.commit, spec.path):
+                            cdn_url = final_url
+                        async for chunk in response.aiter_raw(self.chunk_size):
+                            if offset + len(chunk) > spec.size:
+                                raise IntegrityError(f"upstream sent more than {spec.size} bytes for {spec.path}")
+                            await asyncio.to_thread(_write_and_hash, fd, chunk, offset, hasher)
+                            offset += len(chunk)
+                            self.metrics.bytes_fetched.inc(len(chunk))
+                            fill.advance(offset)
+                    if offset < spec.size:
+                        raise UpstreamUnavailable(f"upstream closed after {offset} of {spec.size} bytes")
+                except UrlExpired:
+                    log.info("signed URL for %s expired; resolving again", spec.path)
+                    cdn_url = None
+                    failures += 1
+                except (httpx.HTTPError, UpstreamUnavailable) as exc:
+                    failures = 0 if offset > before else failures + 1
+                    if failures >= _MAX_ATTEMPTS_WITHOUT_PROGRESS:
+                        raise UpstreamUnavailable(
+                            f"giving up on {spec.path} after {failures} failed tries: {exc}"
+                        ) from exc
+                    log.info("fill of %s interrupted at %d/%d (%s); resuming", spec.path, offset, spec.size, exc)
+                    await asyncio.sleep(min(0.2 * 2**failures, 5.0))
+                if failures >= _MAX_ATTEMPTS_WITHOUT_PROGRESS:
+                    raise UpstreamUnavailable(f"giving up on {spec.path}: signed URLs keep expiring")
+            if not hasher.matches():
+                self.metrics.integrity_failures.inc()
+                os.ftruncate(fd, 0)
+                partial.unlink(missing_ok=True)
+                raise IntegrityError(f"{spec.repo.key} {spec.path}: content does not match etag {spec.etag}")
+        finally:
+            os.close(fd)
+        committed = await self.store.commit(spec.etag, partial)
+        fill.finish(committed)
+        log.info("committed %s %s (%d bytes) as %s", spec.repo.key, spec.path, spec.size, spec.etag)
+
+
+def _write_and_hash(fd: int, chunk: bytes, offset: int, hasher: BlobHasher) -> None:
+    view = memoryview(chunk)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+    hasher.update(chunk)
+
+
+def _resume_offset(fd: int, size: int, hasher: BlobHasher, chunk_size: int) -> int:
+    """Hash what a previous fill left in the partial file, and continue after it."""
+    existing = os.fstat(fd).st_size
+    if existing > size:
+        os.ftruncate(fd, 0)
+        return 0
+    offset = 0
+    while offset < existing:
+        data = os.pread(fd, min(chunk_size, existing - offset), offset)
+        if not data:
+            break
+        hasher.update(data)
+        offset += len(data)
+    return offset

@@ -1,0 +1,178 @@
+"""The metadata index, on diskcache (SQLite: safe across worker processes).
+
+Keys and what they mean:
+
+    ("ref", type, repo, revision)          -> RefEntry        branch/tag -> commit, re-checked after the TTL
+    ("file", type, repo, commit, path)     -> FileEntry       immutable: a path at a commit (or its absence)
+    ("api", type, repo, rev, route, query) -> ApiEntry        cached API JSON; immutable when rev is a commit sha
+    ("public", type, repo)                 -> bool            whether an anonymous caller may read the repo
+    ("access", token_digest, type, repo)   -> bool            a caller's access, remembered for the access TTL
+    ("pin", type, repo)                    -> manifest name   repos that eviction must keep
+
+diskcache's defaults (1 GiB size limit, least-recently-stored eviction) would silently drop entries: the index is
+opened with ``eviction_policy="none"`` and no size limit; blobs are evicted by ``mirror.gc``, never by diskcache.
+Immutable file entries are also kept in a small in-process LRU, since the warm HEAD path reads them on every request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import diskcache
+
+from mirror.hf import RepoRef
+
+
+@dataclass(frozen=True)
+class RefEntry:
+    commit: str
+    fetched_at: float
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """A file at a commit. ``etag`` names the blob; ``missing`` records a cached 404 (EntryNotFound)."""
+
+    commit: str
+    path: str
+    etag: str = ""
+    size: int = 0
+    lfs: bool = False
+    missing: bool = False
+
+
+@dataclass(frozen=True)
+class ApiEntry:
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+    fetched_at: float
+    immutable: bool = False
+    public: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _Lru:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.data: OrderedDict[Any, Any] = OrderedDict()
+
+    def get(self, key: Any) -> Any:
+        value = self.data.get(key)
+        if value is not None:
+            self.data.move_to_end(key)
+        return value
+
+    def put(self, key: Any, value: Any) -> None:
+        self.data[key] = value
+        self.data.move_to_end(key)
+        if len(self.data) > self.capacity:
+            self.data.popitem(last=False)
+
+
+class MetadataIndex:
+    def __init__(self, directory: Path) -> None:
+        self._cache = diskcache.Cache(str(directory), size_limit=2**62, eviction_policy="none", cull_limit=0)
+        self._files = _Lru(50_000)
+        self._refs: dict[tuple[str, str], RefEntry] = {}
+
+    def close(self) -> None:
+        self._cache.close()
+
+    # refs ------------------------------------------------------------------------------------------------------
+    def get_ref(self, repo: RepoRef, revision: str) -> RefEntry | None:
+        key = (repo.key, revision)
+        entry = self._refs.get(key)
+        stored = self._cache.get(("ref", repo.type.value, repo.repo_id, revision))
+        if stored is not None and (entry is None or stored.fetched_at > entry.fetched_at):
+            entry = stored  # another worker refreshed it
+            self._refs[key] = entry
+        return entry
+
+    def put_ref(self, repo: RepoRef, revision: str, commit: str) -> None:
+        entry = RefEntry(commit, time.time())
+        self._refs[(repo.key, revision)] = entry
+        self._cache.set(("ref", repo.type.value, repo.repo_id, revision), entry)
+
+    def get_ref_fresh(self, repo: RepoRef, revision: str, ttl: float) -> RefEntry | None:
+        """The ref if it was confirmed within ``ttl`` seconds. Checks memory first: no SQLite on a warm hit."""
+        entry = self._refs.get((repo.key, revision))
+        if entry is not None and time.time() - entry.fetched_at < ttl:
+            return entry
+        entry = self.get_ref(repo, revision)
+        if entry is not None and time.time() - entry.fetched_at < ttl:
+            return entry
+        return None
+
+    # files -----------------------------------------------------------------------------------------------------
+    def get_file(self, repo: RepoRef, commit: str, path: str) -> FileEntry | None:
+        key = ("file", repo.type.value, repo.repo_id, commit, path)
+        entry = self._files.get(key)
+        if entry is None:
+            entry = self._cache.get(key)
+            if entry is not None:
+                self._files.put(key, entry)
+        return entry
+
+    def put_file(self, repo: RepoRef, entry: FileEntry) -> None:
+        key = ("file", repo.type.value, repo.repo_id, entry.commit, entry.path)
+        self._files.put(key, entry)
+        self._cache.set(key, entry)
+
+    # API JSON --------------------------------------------------------------------------------------------------
+    def get_api(self, repo: RepoRef, revision: str | None, route: str, query: str) -> ApiEntry | None:
+        return self._cache.get(("api", repo.type.value, repo.repo_id, revision, route, query))
+
+    def put_api(self, repo: RepoRef, revision: str | None, route: str, query: str, entry: ApiEntry) -> None:
+        self._cache.set(("api", repo.type.value, repo.repo_id, revision, route, query), entry)
+
+    # visibility and access -------------------------------------------------------------------------------------
+    def get_public(self, repo: RepoRef) -> bool | None:
+        return self._cache.get(("public", repo.type.value, repo.repo_id))
+
+    def put_public(self, repo: RepoRef, public: bool) -> None:
+        self._cache.set(("public", repo.type.value, repo.repo_id), public)
+
+    def get_access(self, token_digest: str, repo: RepoRef) -> bool | None:
+        return self._cache.get(("access", token_digest, repo.type.value, repo.repo_id))
+
+    def put_access(self, token_digest: str, repo: RepoRef, allowed: bool, ttl: float) -> None:
+        self._cache.set(("access", token_digest, repo.type.value, repo.repo_id), allowed, expire=ttl)
+
+    # pins ------------------------------------------------------------------------------------------------------
+    def set_pins(self, repos: list[RepoRef], source: str) -> None:
+        for key in list(self.iter_keys("pin")):
+            if self._cache.get(key) == source:
+                self._cache.delete(key)
+        for repo in repos:
+            self._cache.set(("pin", repo.type.value, repo.repo_id), source)
+
+    def pinned_repos(self) -> set[tuple[str, str]]:
+        return {(key[1], key[2]) for key in self.iter_keys("pin")}
+
+    # iteration (CLI and gc; not on request paths) --------------------------------------------------------------
+    def iter_keys(self, kind: str) -> Iterator[tuple[Any, ...]]:
+        for key in self._cache.iterkeys():
+            if isinstance(key, tuple) and key and key[0] == kind:
+                yield key
+
+    def iter_files(self) -> Iterator[tuple[str, str, FileEntry]]:
+        """Every file entry as (repo type, repo id, entry)."""
+        for key in self.iter_keys("file"):
+            entry = self._cache.get(key)
+            if entry is not None:
+                yield key[1], key[2], entry
+
+    def delete_repo(self, repo: RepoRef) -> int:
+        removed = 0
+        for key in list(self._cache.iterkeys()):
+            if isinstance(key, tuple) and len(key) >= 3 and key[1] == repo.type.value and key[2] == repo.repo_id:
+                removed += bool(self._cache.delete(key))
+        self._files.data.clear()
+        self._refs = {k: v for k, v in self._refs.items() if k[0] != repo.key}
+        return removed

@@ -1,0 +1,106 @@
+"""ASGI helpers shared by the routes: request headers, the caller, Hub-shaped error responses, Range parsing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from mirror import hf
+from mirror.errors import BadRequest, MirrorError, RangeNotSatisfiable
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    """The first value of a request header (``name`` lower-case)."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def bearer_token(scope: Scope) -> str | None:
+    value = header(scope, b"authorization")
+    if value and value[:7].lower() == "bearer ":
+        return value[7:].strip() or None
+    return None
+
+
+def mirror_base(scope: Scope) -> str:
+    """The mirror's own base URL as the client reached it (for pagination links)."""
+    host = header(scope, b"host") or f"{scope['server'][0]}:{scope['server'][1]}"
+    return f"{scope.get('scheme', 'http')}://{host}{scope.get('root_path', '')}"
+
+
+def _header_safe(text: str) -> str:
+    return " ".join(text.split()).encode("latin-1", "replace").decode("latin-1")[:500]
+
+
+def error_parts(exc: MirrorError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Status, headers and body of a Hub-shaped error: ``X-Error-Code``, ``X-Error-Message``, ``{"error": ...}``."""
+    body = json.dumps({"error": exc.message}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (hf.H_ERROR_MESSAGE.lower().encode(), _header_safe(exc.message).encode("latin-1")),
+    ]
+    if exc.code:
+        headers.append((hf.H_ERROR_CODE.lower().encode(), exc.code.encode()))
+    for name, value in exc.headers.items():
+        headers.append((name.lower().encode(), value.encode("latin-1")))
+    return exc.status, headers, body
+
+
+async def send_error(send: Send, exc: MirrorError, *, head: bool = False) -> None:
+    status, headers, body = error_parts(exc)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if head else body})
+
+
+def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
+    """``bytes=a-b`` / ``bytes=a-`` / ``bytes=-n`` -> inclusive (start, end); ``None`` = whole file.
+
+    Several ranges are answered with the whole file (allowed by RFC 9110); a malformed or unsatisfiable range
+    raises RangeNotSatisfiable, so clients never get bytes they did not ask for.
+    """
+    if not value:
+        return None
+    unit, _, spec = value.partition("=")
+    if unit.strip().lower() != "bytes" or not spec:
+        raise RangeNotSatisfiable(size)
+    if "," in spec:
+        return None
+    first, dash, last = spec.strip().partition("-")
+    if not dash:
+        raise RangeNotSatisfiable(size)
+    try:
+        if first == "":
+            suffix = int(last)
+            if suffix <= 0 or size == 0:
+                raise RangeNotSatisfiable(size)
+            return max(size - suffix, 0), size - 1
+        start = int(first)
+        end = int(last) if last else size - 1
+    except ValueError:
+        raise RangeNotSatisfiable(size) from None
+    if start < 0 or start >= size or end < start:
+        raise RangeNotSatisfiable(size)
+    return start, min(end, size - 1)
+
+
+def query_pairs(scope: Scope) -> list[tuple[str, str]]:
+    from urllib.parse import parse_qsl
+
+    raw = scope.get("query_string", b"").decode("latin-1")
+    return parse_qsl(raw, keep_blank_values=True)
+
+
+def check_raw_path(raw_path: str) -> None:
+    """Refuse encodings that only an attacker sends: encoded dots and backslashes, NUL."""
+    lowered = raw_path.lower()
+    if "%2e" in lowered or "%5c" in lowered or "%00" in lowered or "\\" in raw_path:
+        raise BadRequest("Invalid characters in path")

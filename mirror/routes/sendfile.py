@@ -1,0 +1,115 @@
+"""Sending a cached file's bytes: zero-copy ``sendfile`` when the server allows it, large reads otherwise.
+
+uvicorn has no sendfile path of its own. Its httptools/h11 protocols hand the app a bound ``send`` of the request
+cycle, which knows the connection's transport. When the headers are out and the transport's buffer is empty, the
+socket is ours until the body ends: a worker thread then calls ``os.sendfile`` on it (waiting with ``select`` when
+the socket is full), and the cycle is told the body is complete. Anything unusual (TLS, another server, a wrapped
+``send``) takes the portable path: ``os.pread`` of large chunks, sent as ASGI body messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+from concurrent.futures import ThreadPoolExecutor
+
+from mirror.routes.common import Send
+
+_SENDFILE_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="sendfile")
+_SENDFILE_MIN = 256 * 1024  # below this, one pread + write is cheaper than the handoff
+_SELECT_TIMEOUT = 30.0  # a client that reads nothing for this long is dropped
+
+
+class _ZeroCopy:
+    """What the zero-copy path needs from uvicorn's request cycle, or ``None`` when it is not available."""
+
+    def __init__(self, cycle: object, sock_fd: int, transport: object) -> None:
+        self.cycle = cycle
+        self.sock_fd = sock_fd
+        self.transport = transport
+
+    @classmethod
+    def probe(cls, send: Send) -> _ZeroCopy | None:
+        cycle = getattr(send, "__self__", None)
+        transport = getattr(cycle, "transport", None)
+        if cycle is None or transport is None or not hasattr(cycle, "expected_content_length"):
+            return None
+        if transport.get_extra_info("sslcontext") is not None:
+            return None
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return None
+        return cls(cycle, sock.fileno(), transport)
+
+
+async def send_file_range(send: Send, path: str, start: int, length: int, chunk_size: int,
+                          disconnected: asyncio.Event, raw_send: Send | None = None) -> int:
+    """Send ``length`` bytes of ``path`` from ``start`` as the response body; returns the bytes sent.
+
+    ``raw_send`` is the server's own ``send`` when ``send`` is a wrapper (the access log's).
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        zero_copy = _ZeroCopy.probe(raw_send or send) if length >= _SENDFILE_MIN else None
+        if zero_copy is not None:
+            sent = await _sendfile(zero_copy, send, fd, start, length)
+            if sent is not None:
+                return sent
+        return await _pread_loop(send, fd, start, length, chunk_size, disconnected)
+    finally:
+        os.close(fd)
+
+
+async def _pread_loop(send: Send, fd: int, start: int, length: int, chunk_size: int,
+                      disconnected: asyncio.Event) -> int:
+    sent = 0
+    loop = asyncio.get_running_loop()
+    while sent < length and not disconnected.is_set():
+        count = min(chunk_size, length - sent)
+        data = await loop.run_in_executor(_SENDFILE_POOL, os.pread, fd, count, start + sent)
+        if not data:
+            raise OSError(f"file shrank while being sent ({sent} of {length} bytes)")
+        sent += len(data)
+        await send({"type": "http.response.body", "body": data, "more_body": sent < length})
+    return sent
+
+
+async def _sendfile(zc: _ZeroCopy, send: Send, fd: int, start: int, length: int) -> int | None:
+    transport = zc.transport
+    # Wait for the headers (and anything else queued) to leave uvicorn's buffer: then the socket is ours.
+    for _ in range(1000):
+        if transport.get_write_buffer_size() == 0:  # type: ignore[attr-defined]
+            break
+        await asyncio.sleep(0.001)
+    else:
+        return None
+    if transport.is_closing():  # type: ignore[attr-defined]
+        return 0
+    loop = asyncio.get_running_loop()
+    sent = await loop.run_in_executor(_SENDFILE_POOL, _sendfile_blocking, zc.sock_fd, fd, start, length)
+    # Tell uvicorn the body is complete, so its Content-Length bookkeeping and keep-alive carry on.
+    zc.cycle.expected_content_length = 0  # type: ignore[attr-defined]
+    if sent < length:
+        transport.close()  # type: ignore[attr-defined]  # the client went away mid-body
+        return sent
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return sent
+
+
+def _sendfile_blocking(sock_fd: int, fd: int, start: int, length: int) -> int:
+    sent = 0
+    while sent < length:
+        try:
+            n = os.sendfile(sock_fd, fd, start + sent, min(length - sent, 1 << 30))
+        except BlockingIOError:
+            _, writable, _ = select.select([], [sock_fd], [], _SELECT_TIMEOUT)
+            if not writable:
+                return sent
+            continue
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            return sent
+        if n == 0:
+            return sent
+        sent += n
+    return sent

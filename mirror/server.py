@@ -1,0 +1,57 @@
+"""Running the ASGI app under uvicorn: one process, or several workers sharing the cache directory.
+
+Worker processes rebuild the very same Settings from ``HF_MIRROR__SETTINGS`` (JSON written by the CLI), so the
+settings keep one home even across the process boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import uvicorn
+
+from mirror.app import MirrorApp, create_app
+from mirror.config import Settings
+from mirror.logs import setup_logging
+
+_SETTINGS_ENV = "HF_MIRROR__SETTINGS"
+
+
+def _to_json(settings: Settings) -> str:
+    return json.dumps({k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(settings).items()})
+
+
+def _from_json(text: str) -> Settings:
+    data = json.loads(text)
+    for key in ("allow_repos", "deny_repos"):
+        data[key] = tuple(data.get(key) or ())
+    for key in ("cache_dir", "auth_tokens_file", "jwt_public_key_file", "ssl_certfile", "ssl_keyfile"):
+        if data.get(key):
+            data[key] = Path(data[key])
+    return Settings(**data)
+
+
+def worker_app() -> MirrorApp:
+    """uvicorn factory for worker processes."""
+    settings = _from_json(os.environ[_SETTINGS_ENV])
+    setup_logging(settings.log_level, settings.log_format, (settings.upstream_token or "",))
+    return create_app(settings)
+
+
+def serve(settings: Settings) -> None:
+    setup_logging(settings.log_level, settings.log_format, (settings.upstream_token or "",))
+    common = dict(
+        host=settings.host, port=settings.port, log_config=None, access_log=False, proxy_headers=True,
+        timeout_graceful_shutdown=int(settings.shutdown_grace) + 5, h11_max_incomplete_event_size=64 * 1024,
+        ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
+        ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
+        server_header=False,
+    )
+    if settings.workers > 1:
+        os.environ[_SETTINGS_ENV] = _to_json(settings)
+        uvicorn.run("mirror.server:worker_app", factory=True, workers=settings.workers, **common)
+    else:
+        uvicorn.run(create_app(settings), **common)

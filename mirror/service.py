@@ -1,0 +1,278 @@
+"""The pull-through policy. Returns values, never web-framework objects.
+
+- Refs are mutable, content is immutable: a branch or tag maps to a commit for ``revision_ttl`` seconds; what a
+  path is at a commit, and the blob behind an etag, never change once known.
+- Content is local-first: a cached blob is served without asking upstream (after an access check for repos that
+  are not public). Metadata is remote-first once its TTL is over, with a stale fallback when upstream fails.
+- One fill per blob (:mod:`mirror.fill`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
+from mirror import hf
+from mirror.access import AccessPolicy, Caller
+from mirror.config import Settings
+from mirror.errors import EntryNotFound, HubError, MirrorError, OfflineMiss, UpstreamUnavailable
+from mirror.fill import Fill, FillManager, FillSpec
+from mirror.index import ApiEntry, FileEntry, MetadataIndex
+from mirror.metrics import Metrics
+from mirror.storage.base import BlobStore
+from mirror.upstream import UpstreamClient, hub_error
+
+log = logging.getLogger("hf_mirror.service")
+
+
+@dataclass(frozen=True)
+class ResolvedFile:
+    repo: hf.RepoRef
+    entry: FileEntry
+    outcome: str  # hit (metadata from the index) | miss (asked upstream) | stale (upstream failed)
+    cdn_url: str | None = None
+
+
+@dataclass(frozen=True)
+class BlobSource:
+    """Where the bytes of a resolved file come from: a committed local file, or a fill in progress."""
+
+    path: str | None
+    fill: Fill | None
+
+
+@dataclass(frozen=True)
+class ApiResult:
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+    outcome: str
+
+
+class MirrorService:
+    def __init__(self, settings: Settings, index: MetadataIndex, store: BlobStore, upstream: UpstreamClient,
+                 fills: FillManager, access: AccessPolicy, metrics: Metrics) -> None:
+        self.settings = settings
+        self.index = index
+        self.store = store
+        self.upstream = upstream
+        self.fills = fills
+        self.access = access
+        self.metrics = metrics
+
+    # --- files -----------------------------------------------------------------------------------------------------
+
+    async def resolve_file(self, target: hf.ResolveTarget, caller: Caller) -> ResolvedFile:
+        """What ``target`` is: commit, etag, size. Raises the Hub's errors (EntryNotFound carries the commit)."""
+        repo, revision, path = target.repo, target.revision, target.path
+        commit = self._known_commit(repo, revision, fresh=True)
+        if commit is not None:
+            entry = self.index.get_file(repo, commit, path)
+            if entry is not None:
+                await self._check_content_access(repo, revision, path, caller)
+                return self._found(repo, entry, "hit")
+        if self.settings.offline:
+            return self._stale_file(target, caller, OfflineMiss(f"{path} is not cached and the mirror is offline"))
+        try:
+            meta = await self.upstream.head_file(repo, revision, path, caller.token)
+        except EntryNotFound as exc:
+            if exc.commit:
+                self._remember_ref(repo, revision, exc.commit)
+                self.index.put_file(repo, FileEntry(exc.commit, path, missing=True))
+            raise
+        except UpstreamUnavailable as exc:
+            return self._stale_file(target, caller, exc)
+        except HubError as exc:
+            if exc.status in (401, 403, 404):
+                self.access.record_public(repo, "content", caller.token, public=False)
+            raise
+        self._remember_ref(repo, revision, meta.commit)
+        entry = FileEntry(meta.commit, path, _blob_key(meta.etag), meta.size, lfs=bool(hf.SHA256_RE.match(meta.etag)))
+        self.index.put_file(repo, entry)
+        self.access.record_public(repo, "content", caller.token)
+        self.access.record_allowed(repo, "content", caller.token)
+        return ResolvedFile(repo, entry, "miss", meta.cdn_url)
+
+    def _found(self, repo: hf.RepoRef, entry: FileEntry, outcome: str) -> ResolvedFile:
+        if entry.missing:
+            raise EntryNotFound(entry.commit, f"{entry.path} does not exist at {entry.commit}")
+        return ResolvedFile(repo, entry, outcome)
+
+    def _stale_file(self, target: hf.ResolveTarget, caller: Caller, cause: MirrorError) -> ResolvedFile:
+        commit = self._known_commit(target.repo, target.revision, fresh=False)
+        entry = self.index.get_file(target.repo, commit, target.path) if commit else None
+        if entry is None:
+            if isinstance(cause, UpstreamUnavailable):
+                raise type(cause)(f"{cause.message}; {target.path} is not cached on the mirror")
+            raise cause
+        if not (self.access.is_public(target.repo, "content") or self.access.fail_open
+                or self.access.known_allowed(target.repo, "content", caller)):
+            raise UpstreamUnavailable("Upstream is unreachable and access to this repo cannot be confirmed")
+        self.metrics.stale_served.inc()
+        log.warning("serving %s %s stale: %s", target.repo.key, target.path, cause.message)
+        return self._found(target.repo, entry, "stale")
+
+    async def _check_content_access(self, repo: hf.RepoRef, revision: str, path: str, caller: Caller) -> None:
+        async def probe(token: str | None) -> None:
+            if self.settings.offline:
+                raise UpstreamUnavailable("offline")
+            await self.upstream.head_file(repo, revision, path, token)
+
+        await self.access.check(repo, "content", caller, probe)
+
+    async def open_blob(self, resolved: ResolvedFile, caller: Caller) -> BlobSource:
+        """A committed blob's path, or the fill that is producing it (started here when needed)."""
+        entry = resolved.entry
+        path = await self.store.local_path(entry.etag)
+        if path is not None:
+            return BlobSource(str(path), None)
+        if self.settings.offline:
+            raise OfflineMiss(f"{entry.path} is not cached and the mirror is offline")
+        spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size, token=caller.token,
+                        cdn_url=resolved.cdn_url, detached=False)
+        fill = await self.fills.start(spec)
+        if fill is None:  # committed meanwhile
+            path = await self.store.local_path(entry.etag)
+            return BlobSource(str(path) if path else None, None)
+        return BlobSource(None, fill)
+
+    # --- revisions -------------------------------------------------------------------------------------------------
+
+    def _known_commit(self, repo: hf.RepoRef, revision: str, *, fresh: bool) -> str | None:
+        if hf.is_commit(revision):
+            return revision
+        if fresh:
+            entry = self.index.get_ref_fresh(repo, revision, self.settings.revision_ttl)
+        else:
+            entry = self.index.get_ref(repo, revision)
+        if entry is None and fresh and self.settings.offline:
+            entry = self.index.get_ref(repo, revision)
+        return entry.commit if entry else None
+
+    def _remember_ref(self, repo: hf.RepoRef, revision: str, commit: str) -> None:
+        if revision != commit and hf.is_commit(commit):
+            self.index.put_ref(repo, revision, commit)
+
+    # --- API routes ------------------------------------------------------------------------------------------------
+
+    async def api(self, target: hf.ApiTarget, method: str, raw_path: str, query: list[tuple[str, str]],
+                  form: list[tuple[str, str]] | None, caller: Caller) -> ApiResult:
+        """Cached API JSON for the routes clients read; immutable when pinned to a commit."""
+        route = target.sub or "info"
+        revision = target.revision
+        if route in ("xet-read-token", "xet-write-token"):
+            raise HubError(404, "EntryNotFound", "Xet is not served by this mirror; clients download over HTTP")
+        cacheable = route in ("info", "revision", "tree", "paths-info", "refs", "commits", "treesize")
+        if not cacheable:
+            return await self._passthrough(method, raw_path, query, form, caller)
+        key_query = _normalise_query(query, form)
+        key_rev = revision
+        commit = self._known_commit(target.repo, revision, fresh=True) if revision else None
+        immutable = bool(revision and hf.is_commit(revision))
+        cached = self.index.get_api(target.repo, key_rev, f"{route}:{target.path}", key_query)
+        fresh = cached is not None and (
+            cached.immutable or time.time() - cached.fetched_at < self.settings.revision_ttl
+        )
+        if cached is not None and (fresh or self.settings.offline):
+            await self._check_meta_access(target, caller, cached)
+            return ApiResult(cached.status, cached.headers, cached.body, "hit")
+        if self.settings.offline:
+            raise OfflineMiss(f"{raw_path} is not cached and the mirror is offline")
+        upstream_path = raw_path + (f"?{urlencode(query)}" if query else "")
+        try:
+            response = await self.upstream.api(method, upstream_path, caller.token, form=form)
+        except UpstreamUnavailable as exc:
+            return await self._stale_api(target, caller, cached, exc)
+        if response.status_code >= 500:
+            return await self._stale_api(target, caller, cached, hub_error(response, resolve=False))
+        if response.status_code >= 400:
+            if response.status_code in (401, 403, 404):
+                self.access.record_public(target.repo, "meta", caller.token, public=False)
+            raise hub_error(response, resolve=False)
+        body = _rewrite_json(response.content, route, target, revision, commit, self)
+        headers = tuple(
+            (k, v) for k, v in response.headers.items() if k.lower() in hf.API_RELAYED_HEADERS and k.lower() != "etag"
+        )
+        link = response.headers.get("link")
+        if link:
+            headers += (("link", link),)  # rewritten per request (the mirror's own address), see routes.api
+        entry = ApiEntry(response.status_code, headers, body, time.time(), immutable=immutable)
+        self.index.put_api(target.repo, key_rev, f"{route}:{target.path}", key_query, entry)
+        self.access.record_public(target.repo, "meta", caller.token)
+        self.access.record_allowed(target.repo, "meta", caller.token)
+        return ApiResult(entry.status, entry.headers, entry.body, "miss")
+
+    async def _stale_api(self, target: hf.ApiTarget, caller: Caller, cached: ApiEntry | None,
+                         cause: MirrorError) -> ApiResult:
+        if cached is None:
+            raise cause
+        if not (self.access.is_public(target.repo, "meta") or self.access.fail_open
+                or self.access.known_allowed(target.repo, "meta", caller)):
+            raise UpstreamUnavailable("Upstream is unreachable and access to this repo cannot be confirmed")
+        self.metrics.stale_served.inc()
+        log.warning("serving API %s %s stale: %s", target.repo.key, target.sub or "info", cause.message)
+        return ApiResult(cached.status, cached.headers, cached.body, "stale")
+
+    async def _check_meta_access(self, target: hf.ApiTarget, caller: Caller, cached: ApiEntry) -> None:
+        async def probe(token: str | None) -> None:
+            if self.settings.offline:
+                raise UpstreamUnavailable("offline")
+            response = await self.upstream.api("GET", target.repo.api_path(), token)
+            if response.status_code >= 400:
+                raise hub_error(response, resolve=False)
+
+        await self.access.check(target.repo, "meta", caller, probe)
+
+    async def _passthrough(self, method: str, raw_path: str, query: list[tuple[str, str]],
+                           form: list[tuple[str, str]] | None, caller: Caller) -> ApiResult:
+        if self.settings.offline:
+            raise OfflineMiss(f"{raw_path} is not cached and the mirror is offline")
+        upstream_path = raw_path + (f"?{urlencode(query)}" if query else "")
+        response = await self.upstream.api(method, upstream_path, caller.token, form=form)
+        if response.status_code >= 400:
+            raise hub_error(response, resolve=False)
+        headers = tuple((k, v) for k, v in response.headers.items() if k.lower() in hf.API_RELAYED_HEADERS)
+        return ApiResult(response.status_code, headers, response.content, "passthrough")
+
+    async def passthrough(self, method: str, raw_path: str, query: list[tuple[str, str]],
+                          form: list[tuple[str, str]] | None, caller: Caller) -> ApiResult:
+        """An API route the mirror does not know: relayed uncached (never answered 404 by the mirror itself)."""
+        return await self._passthrough(method, raw_path, query, form, caller)
+
+
+def _blob_key(etag: str) -> str:
+    """Blob names are the etag when it is a hex digest (always, for the Hub); otherwise a digest of it."""
+    if hf.SHA1_RE.match(etag) or hf.SHA256_RE.match(etag):
+        return etag
+    import hashlib
+
+    return "x" + hashlib.sha256(etag.encode()).hexdigest()
+
+
+def _normalise_query(query: list[tuple[str, str]], form: list[tuple[str, str]] | None) -> str:
+    """One cache key for equivalent queries: sorted, booleans lower-cased (``True`` from old clients)."""
+    items = [(k, v.lower() if v in ("True", "False") else v) for k, v in query if k != "cursor"]
+    cursor = [v for k, v in query if k == "cursor"]
+    items.sort()
+    key = urlencode(items)
+    if cursor:
+        key += "&cursor=" + cursor[0]
+    if form is not None:
+        key += "|" + urlencode(sorted((k, v.lower() if v in ("True", "False") else v) for k, v in form))
+    return key
+
+
+def _rewrite_json(body: bytes, route: str, target: hf.ApiTarget, revision: str | None, commit: str | None,
+                  service: MirrorService) -> bytes:
+    """Strip Xet fields, and learn ref -> commit from info JSON (``sha``)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body
+    hf.strip_xet_json(data)
+    if revision and route == "revision" and isinstance(data, dict) and hf.is_commit(str(data.get("sha", ""))):
+        service._remember_ref(target.repo, revision, data["sha"])  # noqa: SLF001
+    return json.dumps(data, separators=(",", ":")).encode()

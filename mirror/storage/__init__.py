@@ -1,0 +1,1 @@
+"""Blob storage backends behind one small interface (:class:`mirror.storage.base.BlobStore`)."""

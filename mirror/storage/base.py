@@ -1,0 +1,77 @@
+"""The storage interface: a content-addressed blob store with partial files and fill leases.
+
+Blobs are named by the Hub's etag (sha256 hex for LFS files, git blob sha1 hex for regular files) and are immutable
+once committed. A fill writes into ``partial_path(etag)`` (always a local file: it is also what followers read while
+the fill runs) and publishes with ``commit``, which must be atomic: a reader sees either no blob or the whole blob.
+
+A lease makes one fill per blob across processes (and, for shared backends, across nodes). A lease has an owner id
+and an expiry; the owner refreshes it while it works, and anyone may take over an expired lease.
+
+Every backend passes the contract suite in ``tests/test_storage_contract.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    etag: str
+    size: int
+    last_access: float  # unix time of the last read (or of the commit)
+
+
+@dataclass(frozen=True)
+class Lease:
+    etag: str
+    owner: str
+    expires: float
+
+
+@runtime_checkable
+class BlobStore(Protocol):
+    async def stat(self, etag: str) -> BlobInfo | None:
+        """The committed blob's info, or ``None`` when it is not (yet) in the store."""
+        ...
+
+    async def local_path(self, etag: str) -> Path | None:
+        """A local file holding the whole committed blob (fetched into a hot tier if the backend is remote)."""
+        ...
+
+    def partial_path(self, etag: str) -> Path:
+        """Where a fill of ``etag`` writes; the directory exists."""
+        ...
+
+    async def commit(self, etag: str, partial: Path) -> Path:
+        """Publish a verified partial file as the blob, atomically; returns the blob's local path."""
+        ...
+
+    async def delete(self, etag: str) -> bool:
+        """Remove a committed blob; True when it existed."""
+        ...
+
+    def list_blobs(self) -> AsyncIterator[BlobInfo]:
+        """Every committed blob."""
+        ...
+
+    async def touch(self, etag: str) -> None:
+        """Record a read, for LRU eviction."""
+        ...
+
+    async def acquire_lease(self, etag: str, owner: str, ttl: float) -> bool:
+        """Take the fill lease of ``etag`` for ``ttl`` seconds: True if free, expired, or already ours."""
+        ...
+
+    async def refresh_lease(self, etag: str, owner: str, ttl: float) -> bool:
+        """Extend our lease; False if we lost it."""
+        ...
+
+    async def release_lease(self, etag: str, owner: str) -> None:
+        ...
+
+    async def read_lease(self, etag: str) -> Lease | None:
+        ...

@@ -1,0 +1,184 @@
+"""Local-disk blob store.
+
+Layout under the cache directory::
+
+    blobs/<etag[:2]>/<etag>     committed blobs (mtime = last access, for LRU)
+    partials/<etag>.part        fills in progress
+    partials/<etag>.lease       fill leases: an flock held by the filling process
+
+Leases use ``flock``: the kernel drops the lock when the owner dies (even on ``kill -9``), so a dead filler's
+lease is free at once and no expiry heuristic is needed on one host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from mirror.storage.base import BlobInfo, Lease
+
+_TOUCH_EVERY = 60.0  # seconds: a blob's last-access time is refreshed at most this often
+
+
+class LocalBlobStore:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.blobs_dir = self.root / "blobs"
+        self.partials_dir = self.root / "partials"
+        self.blobs_dir.mkdir(parents=True, exist_ok=True)
+        self.partials_dir.mkdir(parents=True, exist_ok=True)
+        self._lease_fds: dict[str, int] = {}
+
+    def blob_path(self, etag: str) -> Path:
+        return self.blobs_dir / etag[:2] / etag
+
+    def relative_blob_path(self, etag: str) -> str:
+        """The blob's path under ``blobs/`` (what an nginx ``X-Accel-Redirect`` location serves)."""
+        return f"{etag[:2]}/{etag}"
+
+    def stat_sync(self, etag: str) -> BlobInfo | None:
+        try:
+            st = os.stat(self.blob_path(etag))
+        except FileNotFoundError:
+            return None
+        return BlobInfo(etag, st.st_size, st.st_mtime)
+
+    async def stat(self, etag: str) -> BlobInfo | None:
+        return self.stat_sync(etag)
+
+    async def local_path(self, etag: str) -> Path | None:
+        path = self.blob_path(etag)
+        return path if path.exists() else None
+
+    def partial_path(self, etag: str) -> Path:
+        return self.partials_dir / f"{etag}.part"
+
+    async def commit(self, etag: str, partial: Path) -> Path:
+        target = self.blob_path(etag)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(_fsync_file, partial)
+        os.replace(partial, target)
+        _fsync_dir(target.parent)
+        return target
+
+    async def delete(self, etag: str) -> bool:
+        try:
+            self.blob_path(etag).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    async def list_blobs(self) -> AsyncIterator[BlobInfo]:
+        for shard in sorted(self.blobs_dir.iterdir()) if self.blobs_dir.exists() else []:
+            if not shard.is_dir():
+                continue
+            for entry in os.scandir(shard):
+                if entry.is_file(follow_symlinks=False) and not entry.name.startswith("."):
+                    st = entry.stat(follow_symlinks=False)
+                    yield BlobInfo(entry.name, st.st_size, st.st_mtime)
+
+    def touch_sync(self, etag: str, mtime: float) -> None:
+        now = time.time()
+        if now - mtime > _TOUCH_EVERY:
+            try:
+                os.utime(self.blob_path(etag), (now, now))
+            except OSError:
+                pass
+
+    async def touch(self, etag: str) -> None:
+        info = self.stat_sync(etag)
+        if info is not None:
+            self.touch_sync(etag, info.last_access)
+
+    # --- leases ---------------------------------------------------------------------------------------------------
+
+    def _lease_path(self, etag: str) -> Path:
+        return self.partials_dir / f"{etag}.lease"
+
+    async def acquire_lease(self, etag: str, owner: str, ttl: float) -> bool:
+        if etag in self._lease_fds:
+            return True
+        fd = os.open(self._lease_path(etag), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        if not _same_file(fd, self._lease_path(etag)):
+            # The previous owner unlinked this file between our open and our lock: try again on the new file.
+            os.close(fd)
+            return await self.acquire_lease(etag, owner, ttl)
+        record = json.dumps({"owner": owner, "pid": os.getpid(), "started": time.time()}).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record, 0)
+        self._lease_fds[etag] = fd
+        return True
+
+    async def refresh_lease(self, etag: str, owner: str, ttl: float) -> bool:
+        return etag in self._lease_fds
+
+    async def release_lease(self, etag: str, owner: str) -> None:
+        fd = self._lease_fds.pop(etag, None)
+        if fd is None:
+            return
+        try:
+            # Unlink while still holding the lock, so nobody locks a file that is about to vanish.
+            self._lease_path(etag).unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+
+    async def read_lease(self, etag: str) -> Lease | None:
+        path = self._lease_path(etag)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raw = os.pread(fd, 4096, 0)
+                try:
+                    owner = json.loads(raw or b"{}").get("owner", "?")
+                except ValueError:
+                    owner = "?"
+                return Lease(etag, owner, float("inf"))
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None  # nobody holds it: a leftover file of a dead filler
+        finally:
+            os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    fst = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,247 @@
+"""The only httpx user: talks to the upstream Hub (or another mirror) and its CDN hosts.
+
+One shared ``httpx.AsyncClient`` with a connection pool and explicit timeouts. Redirects are followed by hand so
+that the caller's ``Authorization`` goes to the upstream's own origin and never to a CDN host, and so that a
+cross-origin redirect's own headers (``X-Linked-Size``, ``X-Linked-Etag``, ``X-Repo-Commit``) can be read, as the
+Hub puts the metadata of LFS files on its 302. Upstream errors become the exceptions of :mod:`mirror.errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit
+
+import httpx
+
+from mirror import hf
+from mirror.config import Settings
+from mirror.errors import EntryNotFound, HubError, MirrorError, UpstreamTimeout, UpstreamUnavailable
+from mirror.metrics import Metrics
+
+log = logging.getLogger("hf_mirror.upstream")
+
+_REDIRECTS = (301, 302, 303, 307, 308)
+_RETRY_STATUSES = (429, 500, 502, 503, 504)
+_MAX_HOPS = 10
+
+
+class UrlExpired(MirrorError):
+    """A signed CDN URL was refused (403/410): resolve the file again for a fresh one."""
+
+
+@dataclass(frozen=True)
+class UpstreamFileMeta:
+    commit: str
+    etag: str
+    size: int
+    cdn_url: str | None  # absolute URL of a cross-origin redirect (the CDN), never shown to clients
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+
+
+class UpstreamClient:
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.base = settings.upstream
+        self.origin = _origin(self.base)
+        self.settings = settings
+        self.metrics = metrics
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(
+                settings.read_timeout, connect=settings.connect_timeout, pool=settings.connect_timeout
+            ),
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
+            follow_redirects=False,
+            headers={"user-agent": "hf-mirror/0.1"},
+        )
+        self.healthy: bool | None = None  # last observed state, for the status page
+        self.last_error: str | None = None
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def _headers(self, url: str, token: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
+        headers = dict(extra or {})
+        if token and _origin(url) == self.origin:
+            headers["authorization"] = f"Bearer {token}"
+        return headers
+
+    async def _send(
+        self, method: str, url: str, *, token: str | None, headers: dict[str, str] | None = None,
+        follow: str = "all", stream: bool = False, data: list[tuple[str, str]] | None = None,
+    ) -> tuple[httpx.Response, str]:
+        """Send one request, following redirects by hand. ``follow``: ``all``, ``same-origin`` or ``none``.
+
+        Returns the final response and its URL. Auth is only sent to the upstream's origin.
+        """
+        current = url
+        for _ in range(_MAX_HOPS):
+            request = self.client.build_request(
+                method, current, headers=self._headers(current, token, headers), data=data  # type: ignore[arg-type]
+            )
+            started = time.perf_counter()
+            try:
+                response = await self.client.send(request, stream=stream)
+            except httpx.TimeoutException as exc:
+                self._mark(False, f"timeout: {exc!r}")
+                raise UpstreamTimeout(f"Upstream {self.base} timed out ({type(exc).__name__})") from exc
+            except httpx.HTTPError as exc:
+                self._mark(False, f"{type(exc).__name__}: {exc}")
+                raise UpstreamUnavailable(f"Upstream {self.base} is unreachable: {type(exc).__name__}") from exc
+            self.metrics.upstream_latency.observe(time.perf_counter() - started)
+            self.metrics.upstream_requests.labels(status=str(response.status_code // 100) + "xx").inc()
+            if response.status_code < 500:
+                self._mark(True, None)
+            location = response.headers.get("location")
+            if response.status_code not in _REDIRECTS or not location or follow == "none":
+                return response, current
+            target = urljoin(current, location)
+            if follow == "same-origin" and _origin(target) != _origin(current):
+                return response, current
+            await response.aclose()
+            current = target
+            if method == "POST" and response.status_code == 303:
+                method, data = "GET", None
+        raise UpstreamUnavailable(f"Upstream {self.base} redirected too many times")
+
+    def _mark(self, healthy: bool, error: str | None) -> None:
+        self.healthy = healthy
+        if error:
+            self.last_error = error
+
+    async def _with_retries(self, attempt: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+        """Retry 429/5xx with bounded backoff (``Retry-After`` honoured up to ``retry_backoff_max``)."""
+        retries = self.settings.upstream_retries
+        for number in range(retries + 1):
+            response = await attempt()
+            if response.status_code not in _RETRY_STATUSES or number == retries:
+                return response
+            delay = min(0.25 * 2**number, self.settings.retry_backoff_max)
+            retry_after = response.headers.get("retry-after")
+            if retry_after and retry_after.isdigit():
+                delay = min(float(retry_after), self.settings.retry_backoff_max)
+            await response.aclose()
+            log.info("upstream answered %s, retrying in %.2fs", response.status_code, delay)
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    # --- files ----------------------------------------------------------------------------------------------------
+
+    async def head_file(self, repo: hf.RepoRef, revision: str, path: str, token: str | None) -> UpstreamFileMeta:
+        """The metadata of a file, the way ``hf_hub_download`` reads it: follows same-origin redirects only."""
+        url = self.base + repo.resolve_path(revision, path)
+
+        async def attempt() -> httpx.Response:
+            response, _ = await self._send(
+                "HEAD", url, token=token, headers={"accept-encoding": "identity"}, follow="same-origin"
+            )
+            return response
+
+        response = await self._with_retries(attempt)
+        if response.status_code >= 400:
+            raise hub_error(response, resolve=True)
+        commit = response.headers.get(hf.H_REPO_COMMIT)
+        etag = hf.parse_etag(response.headers.get(hf.H_LINKED_ETAG) or response.headers.get("etag"))
+        size_header = response.headers.get(hf.H_LINKED_SIZE)
+        if size_header is None and response.status_code not in _REDIRECTS:
+            size_header = response.headers.get("content-length")
+        if not commit or not etag or size_header is None or not size_header.isdigit():
+            raise UpstreamUnavailable(
+                f"Upstream {self.base} answered {response.status_code} for {path!r} without the file metadata "
+                "(X-Repo-Commit, ETag, size)"
+            )
+        cdn_url = None
+        location = response.headers.get("location")
+        if response.status_code in _REDIRECTS and location:
+            cdn_url = urljoin(url, location)
+        return UpstreamFileMeta(commit=commit, etag=etag, size=int(size_header), cdn_url=cdn_url)
+
+    @asynccontextmanager
+    async def stream_file(
+        self, repo: hf.RepoRef, commit: str, path: str, token: str | None, start: int = 0, end: int | None = None,
+        cdn_url: str | None = None,
+    ) -> AsyncIterator[tuple[httpx.Response, str]]:
+        """Open the bytes ``start..end`` (inclusive) of a file; yields (response, the URL the bytes came from).
+
+        With ``cdn_url`` the CDN is asked directly (saving the Hub a request on resume); a refusal there raises
+        :class:`UrlExpired` so the caller re-resolves. The response is 200 or 206, checked to start at ``start``.
+        """
+        headers = {"accept-encoding": "identity"}
+        if start or end is not None:
+            headers["range"] = f"bytes={start}-{'' if end is None else end}"
+        url = cdn_url or self.base + repo.resolve_path(commit, path)
+
+        async def attempt() -> httpx.Response:
+            response, final = await self._send("GET", url, token=token, headers=headers, stream=True)
+            response.extensions["hf_mirror_final_url"] = final
+            return response
+
+        response = await self._with_retries(attempt)
+        final_url: str = response.extensions.get("hf_mirror_final_url", url)
+        try:
+            if response.status_code in (403, 410) and _origin(final_url) != self.origin:
+                raise UrlExpired(f"signed URL refused with {response.status_code}")
+            if response.status_code >= 400:
+                await response.aread()
+                raise hub_error(response, resolve=True)
+            if start and response.status_code != 206:
+                raise UpstreamUnavailable(f"Upstream ignored Range for {path!r} (status {response.status_code})")
+            yield response, final_url
+        finally:
+            await response.aclose()
+
+    # --- API ------------------------------------------------------------------------------------------------------
+
+    async def api(
+        self, method: str, path_qs: str, token: str | None, form: list[tuple[str, str]] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """An API request (body read). ``path_qs`` is the raw path plus query string, relayed verbatim."""
+        url = self.base + path_qs
+
+        async def attempt() -> httpx.Response:
+            response, _ = await self._send(method, url, token=token, headers=headers, data=form)
+            await response.aread()
+            return response
+
+        return await self._with_retries(attempt)
+
+
+def hub_error(response: httpx.Response, *, resolve: bool) -> MirrorError:
+    """Map an upstream error response to a HubError that keeps its status, code, message and commit."""
+    code = response.headers.get(hf.H_ERROR_CODE)
+    message = response.headers.get(hf.H_ERROR_MESSAGE) or _json_error(response) or response.reason_phrase
+    commit = response.headers.get(hf.H_REPO_COMMIT)
+    status = response.status_code
+    if status in _RETRY_STATUSES and status != 429:
+        return UpstreamUnavailable(f"Upstream answered {status}: {message}")
+    if code == "EntryNotFound":
+        return EntryNotFound(commit, message)
+    if code is None:  # The mirror always sends a code (clients need one over http://); infer the Hub's.
+        code = {401: "RepoNotFound", 403: "GatedRepo", 404: "EntryNotFound" if resolve else "RepoNotFound"}.get(
+            status
+        )
+        if code == "EntryNotFound":
+            return EntryNotFound(commit, message)
+    headers = {hf.H_REPO_COMMIT: commit} if commit else {}
+    if status == 429 and response.headers.get("retry-after"):
+        headers["Retry-After"] = response.headers["retry-after"]
+    return HubError(status, code, message, headers=headers)
+
+
+def _json_error(response: httpx.Response) -> str | None:
+    try:
+        body = response.json()
+    except (ValueError, httpx.ResponseNotRead):
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, list):
+        return "; ".join(map(str, error))
+    return str(error) if error else None
