@@ -20,6 +20,8 @@ from mirror.errors import HubError, MirrorError, UpstreamUnavailable
 from mirror.hf import RepoRef
 from mirror.index import MetadataIndex
 
+_UNKNOWN_RECHECK = 2.0  # seconds an absent record is trusted before asking the shared index again
+
 Probe = Callable[[str | None], Awaitable[None]]  # raises HubError when the token may not read; None = allowed
 
 
@@ -36,35 +38,40 @@ class Caller:
 
 
 class AccessPolicy:
-    def __init__(self, index: MetadataIndex, *, ttl: float, fail_open: bool) -> None:
+    def __init__(self, index: MetadataIndex, *, ttl: float, fail_open: bool, offline: bool = False) -> None:
         self.index = index
         self.ttl = ttl
         self.fail_open = fail_open
-        self._memo: dict[tuple[str, str, str], tuple[bool, float]] = {}
+        # Offline, a repo whose visibility was never learned (seeded by import) is served: the operator put it
+        # there. A repo upstream once refused to an anonymous caller stays closed.
+        self.offline = offline
+        self._memo: dict[tuple[str, str, RepoRef], tuple[bool, float]] = {}
 
     def record_public(self, repo: RepoRef, kind: str, token: str | None, public: bool = True) -> None:
         """Upstream answered an anonymous request: with success (public) or with an auth error (not public)."""
         if token is None:
-            self._remember(("public", kind, repo.key), public)
+            self._remember(("public", kind, repo), public)
 
     def record_allowed(self, repo: RepoRef, kind: str, token: str | None) -> None:
-        self._remember((token_digest(token), kind, repo.key), True)
+        self._remember((token_digest(token), kind, repo), True)
 
     def is_public(self, repo: RepoRef, kind: str) -> bool:
-        known = self._recall(("public", kind, repo.key))
+        known = self._recall(("public", kind, repo))
         return bool(known and known[0])
 
     def known_allowed(self, repo: RepoRef, kind: str, caller: Caller) -> bool:
         """Access confirmed for this token within the TTL (used when upstream cannot be asked)."""
-        known = self._recall((token_digest(caller.token), kind, repo.key))
+        known = self._recall((token_digest(caller.token), kind, repo))
         return bool(known and known[0] and time.time() - known[1] < self.ttl)
 
     async def check(self, repo: RepoRef, kind: str, caller: Caller, probe: Probe) -> None:
         """Raise unless ``caller`` may read cached ``kind`` data of ``repo``."""
-        public = self._recall(("public", kind, repo.key))
+        public = self._recall(("public", kind, repo))
         if public is not None and public[0]:
             return  # public until an anonymous upstream request says otherwise (record_public(..., False))
-        key = (token_digest(caller.token), kind, repo.key)
+        if self.offline and public is None:
+            return
+        key = (token_digest(caller.token), kind, repo)
         known = self._recall(key)
         if known is not None and time.time() - known[1] < self.ttl:
             if known[0]:
@@ -84,17 +91,21 @@ class AccessPolicy:
             raise
         self._remember(key, True)
         if caller.token is None:
-            self._remember(("public", kind, repo.key), True)
+            self._remember(("public", kind, repo), True)
 
-    def _remember(self, key: tuple[str, str, str], allowed: bool) -> None:
+    def _remember(self, key: tuple[str, str, RepoRef], allowed: bool) -> None:
         value = (allowed, time.time())
         self._memo[key] = value
-        self.index._cache.set(("access",) + key, value)  # noqa: SLF001 - shared across workers
+        self.index.put_access(key[0], key[1], key[2], value)  # shared with the other workers
 
-    def _recall(self, key: tuple[str, str, str]) -> tuple[bool, float] | None:
+    def _recall(self, key: tuple[str, str, RepoRef]) -> tuple[bool, float] | None:
         value = self._memo.get(key)
-        if value is None:
-            value = self.index._cache.get(("access",) + key)  # noqa: SLF001
-            if value is not None:
-                self._memo[key] = value
+        if value is None or value[0] is None:
+            if value is not None and time.time() - value[1] < _UNKNOWN_RECHECK:
+                return None
+            value = self.index.get_access(key[0], key[1], key[2])
+            if value is None:
+                self._memo[key] = (None, time.time())  # type: ignore[assignment]  # remembered absence
+                return None
+            self._memo[key] = value
         return value

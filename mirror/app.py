@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -51,7 +51,8 @@ class Mirror:
             self.store, self.upstream, metrics, chunk_size=settings.fill_chunk_size,
             lease_ttl=settings.lease_stale_seconds, cancel_on_disconnect=settings.fill_on_disconnect == "cancel",
         )
-        self.access = AccessPolicy(self.index, ttl=settings.access_ttl, fail_open=settings.access_fail_open)
+        self.access = AccessPolicy(self.index, ttl=settings.access_ttl, fail_open=settings.access_fail_open,
+                                   offline=settings.offline)
         self.service = MirrorService(settings, self.index, self.store, self.upstream, self.fills, self.access, metrics)
         self.cache = CacheManager(self.store, self.index, metrics, max_size=settings.max_size,
                                   is_busy=self.fills.is_filling)
@@ -112,7 +113,7 @@ class MirrorApp:
             await self.fastapi(scope, receive, send)
             return
         started = time.perf_counter()
-        request_id = uuid.uuid4().hex[:16]
+        request_id = os.urandom(8).hex()
         status_box: list[int] = [0]
 
         async def send_logged(message: dict[str, Any]) -> None:

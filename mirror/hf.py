@@ -7,6 +7,7 @@ revision segment carries ``%2F`` (``refs%2Fpr%2F1``) and Starlette's decoded pat
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -142,6 +143,7 @@ def _split_repo(segments: list[str], marker_pos: int) -> str:
     return validate_repo_id("/".join(_decode(s) for s in segments[:marker_pos]))
 
 
+@functools.lru_cache(maxsize=16384)  # the warm HEAD path parses the same few URLs over and over
 def parse_resolve(raw_path: str) -> ResolveTarget | None:
     """Parse a resolve or resolve-cache URL path; ``None`` when it is neither. Raises BadRequest on bad parts."""
     segments = raw_path.lstrip("/").split("/")

@@ -6,7 +6,7 @@ Keys and what they mean:
     ("file", type, repo, commit, path)     -> FileEntry       immutable: a path at a commit (or its absence)
     ("api", type, repo, rev, route, query) -> ApiEntry        cached API JSON; immutable when rev is a commit sha
     ("public", type, repo)                 -> bool            whether an anonymous caller may read the repo
-    ("access", token_digest, type, repo)   -> bool            a caller's access, remembered for the access TTL
+    ("access", subject, kind, repo key)    -> (bool, time)    a token's (or "public") access, see mirror.access
     ("pin", type, repo)                    -> manifest name   repos that eviction must keep
 
 diskcache's defaults (1 GiB size limit, least-recently-stored eviction) would silently drop entries: the index is
@@ -57,6 +57,13 @@ class ApiEntry:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+_SEP = "\x1f"  # string keys: diskcache stores str natively, tuples are pickled (slow on the hot path)
+
+
+def _key(*parts: str | None) -> str:
+    return _SEP.join("" if part is None else part for part in parts)
+
+
 class _Lru:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -88,7 +95,7 @@ class MetadataIndex:
     def get_ref(self, repo: RepoRef, revision: str) -> RefEntry | None:
         key = (repo.key, revision)
         entry = self._refs.get(key)
-        stored = self._cache.get(("ref", repo.type.value, repo.repo_id, revision))
+        stored = self._cache.get(_key("ref", repo.type.value, repo.repo_id, revision))
         if stored is not None and (entry is None or stored.fetched_at > entry.fetched_at):
             entry = stored  # another worker refreshed it
             self._refs[key] = entry
@@ -97,7 +104,7 @@ class MetadataIndex:
     def put_ref(self, repo: RepoRef, revision: str, commit: str) -> None:
         entry = RefEntry(commit, time.time())
         self._refs[(repo.key, revision)] = entry
-        self._cache.set(("ref", repo.type.value, repo.repo_id, revision), entry)
+        self._cache.set(_key("ref", repo.type.value, repo.repo_id, revision), entry)
 
     def get_ref_fresh(self, repo: RepoRef, revision: str, ttl: float) -> RefEntry | None:
         """The ref if it was confirmed within ``ttl`` seconds. Checks memory first: no SQLite on a warm hit."""
@@ -111,7 +118,7 @@ class MetadataIndex:
 
     # files -----------------------------------------------------------------------------------------------------
     def get_file(self, repo: RepoRef, commit: str, path: str) -> FileEntry | None:
-        key = ("file", repo.type.value, repo.repo_id, commit, path)
+        key = _key("file", repo.type.value, repo.repo_id, commit, path)
         entry = self._files.get(key)
         if entry is None:
             entry = self._cache.get(key)
@@ -120,58 +127,62 @@ class MetadataIndex:
         return entry
 
     def put_file(self, repo: RepoRef, entry: FileEntry) -> None:
-        key = ("file", repo.type.value, repo.repo_id, entry.commit, entry.path)
+        key = _key("file", repo.type.value, repo.repo_id, entry.commit, entry.path)
         self._files.put(key, entry)
         self._cache.set(key, entry)
 
     # API JSON --------------------------------------------------------------------------------------------------
     def get_api(self, repo: RepoRef, revision: str | None, route: str, query: str) -> ApiEntry | None:
-        return self._cache.get(("api", repo.type.value, repo.repo_id, revision, route, query))
+        return self._cache.get(_key("api", repo.type.value, repo.repo_id, revision, route, query))
 
     def put_api(self, repo: RepoRef, revision: str | None, route: str, query: str, entry: ApiEntry) -> None:
-        self._cache.set(("api", repo.type.value, repo.repo_id, revision, route, query), entry)
+        self._cache.set(_key("api", repo.type.value, repo.repo_id, revision, route, query), entry)
 
     # visibility and access -------------------------------------------------------------------------------------
     def get_public(self, repo: RepoRef) -> bool | None:
-        return self._cache.get(("public", repo.type.value, repo.repo_id))
+        return self._cache.get(_key("public", repo.type.value, repo.repo_id))
 
     def put_public(self, repo: RepoRef, public: bool) -> None:
-        self._cache.set(("public", repo.type.value, repo.repo_id), public)
+        self._cache.set(_key("public", repo.type.value, repo.repo_id), public)
 
-    def get_access(self, token_digest: str, repo: RepoRef) -> bool | None:
-        return self._cache.get(("access", token_digest, repo.type.value, repo.repo_id))
+    def get_access(self, subject: str, kind: str, repo: RepoRef) -> tuple[bool, float] | None:
+        """(allowed, when) for a token digest (or ``public``) and an access kind (``meta``/``content``)."""
+        return self._cache.get(_key("access", subject, kind, repo.key))
 
-    def put_access(self, token_digest: str, repo: RepoRef, allowed: bool, ttl: float) -> None:
-        self._cache.set(("access", token_digest, repo.type.value, repo.repo_id), allowed, expire=ttl)
+    def put_access(self, subject: str, kind: str, repo: RepoRef, value: tuple[bool, float]) -> None:
+        self._cache.set(_key("access", subject, kind, repo.key), value)
 
     # pins ------------------------------------------------------------------------------------------------------
     def set_pins(self, repos: list[RepoRef], source: str) -> None:
         for key in list(self.iter_keys("pin")):
-            if self._cache.get(key) == source:
-                self._cache.delete(key)
+            if self._cache.get(_SEP.join(key)) == source:
+                self._cache.delete(_SEP.join(key))
         for repo in repos:
-            self._cache.set(("pin", repo.type.value, repo.repo_id), source)
+            self._cache.set(_key("pin", repo.type.value, repo.repo_id), source)
 
     def pinned_repos(self) -> set[tuple[str, str]]:
         return {(key[1], key[2]) for key in self.iter_keys("pin")}
 
     # iteration (CLI and gc; not on request paths) --------------------------------------------------------------
-    def iter_keys(self, kind: str) -> Iterator[tuple[Any, ...]]:
+    def iter_keys(self, kind: str) -> Iterator[tuple[str, ...]]:
+        """Keys of one kind, split into their parts (``("file", type, repo, commit, path)``)."""
+        prefix = kind + _SEP
         for key in self._cache.iterkeys():
-            if isinstance(key, tuple) and key and key[0] == kind:
-                yield key
+            if isinstance(key, str) and key.startswith(prefix):
+                yield tuple(key.split(_SEP))
 
     def iter_files(self) -> Iterator[tuple[str, str, FileEntry]]:
         """Every file entry as (repo type, repo id, entry)."""
         for key in self.iter_keys("file"):
-            entry = self._cache.get(key)
+            entry = self._cache.get(_SEP.join(key))
             if entry is not None:
                 yield key[1], key[2], entry
 
     def delete_repo(self, repo: RepoRef) -> int:
         removed = 0
         for key in list(self._cache.iterkeys()):
-            if isinstance(key, tuple) and len(key) >= 3 and key[1] == repo.type.value and key[2] == repo.repo_id:
+            parts = key.split(_SEP) if isinstance(key, str) else []
+            if len(parts) >= 3 and parts[0] != "access" and parts[1] == repo.type.value and parts[2] == repo.repo_id:
                 removed += bool(self._cache.delete(key))
         self._files.data.clear()
         self._refs = {k: v for k, v in self._refs.items() if k[0] != repo.key}

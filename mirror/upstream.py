@@ -94,7 +94,8 @@ class UpstreamClient:
                 raise UpstreamTimeout(f"Upstream {self.base} timed out ({type(exc).__name__})") from exc
             except httpx.HTTPError as exc:
                 self._mark(False, f"{type(exc).__name__}: {exc}")
-                raise UpstreamUnavailable(f"Upstream {self.base} is unreachable: {type(exc).__name__}") from exc
+                # 504, like a timeout: the gateway could not get an answer (502 is kept for bad answers).
+                raise UpstreamTimeout(f"Upstream {self.base} is unreachable: {type(exc).__name__}") from exc
             self.metrics.upstream_latency.observe(time.perf_counter() - started)
             self.metrics.upstream_requests.labels(status=str(response.status_code // 100) + "xx").inc()
             if response.status_code < 500:

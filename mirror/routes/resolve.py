@@ -8,6 +8,7 @@ mirror and no CDN address or Xet header reaches a client.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from urllib.parse import quote
 
@@ -28,8 +29,8 @@ log = logging.getLogger("hf_mirror.resolve")
 _RANGE_PASSTHROUGH_GAP = 16 * 1024 * 1024
 
 
-def file_headers(resolved: ResolvedFile) -> list[tuple[bytes, bytes]]:
-    entry: FileEntry = resolved.entry
+@functools.lru_cache(maxsize=8192)  # entries are immutable values: precompute the headers of hot files
+def _entry_headers(entry: FileEntry, outcome: str) -> tuple[tuple[bytes, bytes], ...]:
     name = entry.path.rsplit("/", 1)[-1]
     headers = [
         (b"x-repo-commit", entry.commit.encode()),
@@ -38,13 +39,18 @@ def file_headers(resolved: ResolvedFile) -> list[tuple[bytes, bytes]]:
         (b"content-type", b"application/octet-stream"),
         (b"content-disposition",
          f"inline; filename*=UTF-8''{quote(name)}; filename=\"{quote(name, safe=' ')}\"".encode("latin-1")),
-        (hf.H_MIRROR_CACHE.lower().encode(), resolved.outcome.encode()),
+        (hf.H_MIRROR_CACHE.lower().encode(), outcome.encode()),
     ]
     if entry.lfs:
         headers += [(b"x-linked-etag", f'"{entry.etag}"'.encode()), (b"x-linked-size", str(entry.size).encode())]
-    if resolved.outcome == "stale":
+    if outcome == "stale":
         headers.append((b"warning", b'110 - "Response is stale"'))
-    return headers
+    return tuple(headers)
+
+
+def file_headers(resolved: ResolvedFile, outcome: str | None = None) -> list[tuple[bytes, bytes]]:
+    """The Hub's headers for a file (commit, etag, linked size/etag, disposition) plus the mirror's cache outcome."""
+    return list(_entry_headers(resolved.entry, outcome or resolved.outcome))
 
 
 class ResolveHandler:
@@ -66,16 +72,16 @@ class ResolveHandler:
             resolved = await self.service.resolve_file(target, caller)
             entry = resolved.entry
             byte_range = parse_range(header(scope, b"range"), entry.size)
-            headers = file_headers(resolved)
+            range_headers: list[tuple[bytes, bytes]] = []
             if byte_range is None:
                 start, end, status = 0, entry.size - 1, 200
             else:
                 start, end = byte_range
                 status = 206
-                headers.append((b"content-range", f"bytes {start}-{end}/{entry.size}".encode()))
+                range_headers.append((b"content-range", f"bytes {start}-{end}/{entry.size}".encode()))
             length = end - start + 1
             if head:
-                headers.append((b"content-length", str(length).encode()))
+                headers = file_headers(resolved) + range_headers + [(b"content-length", str(length).encode())]
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": b""})
                 self.metrics.requests.labels(route="resolve", outcome=resolved.outcome).inc()
@@ -85,20 +91,17 @@ class ResolveHandler:
             self.metrics.requests.labels(route="resolve", outcome="error").inc()
             await send_error(send, exc, head=head)
             return "error"
-        outcome = "hit" if source.path else "miss"
-        if resolved.outcome == "stale":
-            outcome = "stale"
+        outcome = "stale" if resolved.outcome == "stale" else ("hit" if source.path else "miss")
         self.metrics.requests.labels(route="resolve", outcome=outcome).inc()
-        headers[5] = (hf.H_MIRROR_CACHE.lower().encode(), outcome.encode())
+        headers = file_headers(resolved, outcome)
         if source.path and self.accel_redirect:
             # nginx serves the bytes (sendfile, Range); the app keeps every decision.
             location = f"{self.accel_redirect.rstrip('/')}/{entry.etag[:2]}/{entry.etag}"
-            headers = [h for h in headers if h[0] not in (b"content-range",)]
             headers.append((b"x-accel-redirect", location.encode()))
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": b""})
             return outcome
-        headers.append((b"content-length", str(length).encode()))
+        headers += range_headers + [(b"content-length", str(length).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         if length == 0:
             await send({"type": "http.response.body", "body": b""})
