@@ -19,6 +19,7 @@ from fastapi import FastAPI
 
 from mirror import hf
 from mirror.access import AccessPolicy, Caller
+from mirror.auth import MirrorAuth
 from mirror.config import Settings
 from mirror.errors import MethodNotAllowed, MirrorError
 from mirror.fill import FillManager
@@ -84,6 +85,7 @@ class MirrorApp:
         self.settings = settings
         self.metrics = Metrics()
         self.mirror: Mirror | None = None
+        self.auth = MirrorAuth(settings)
         self.fastapi = FastAPI(title="hf-mirror", version="0.1.0", lifespan=self._lifespan)
         ops.install(self.fastapi, self.metrics, self._status)
 
@@ -102,11 +104,12 @@ class MirrorApp:
         assert self.mirror is not None
         return await self.mirror.status()
 
-    def caller(self, scope: Scope) -> Caller:
-        token = bearer_token(scope)
-        if token:
-            return Caller(token, own_token=True)
-        return Caller(self.settings.upstream_token, own_token=False)
+    def caller(self, scope: Scope, repo: hf.RepoRef | None) -> Caller:
+        """The request's identity (401 in auth mode without a valid mirror token), checked against the lists."""
+        caller, principal = self.auth.caller(bearer_token(scope))
+        if repo is not None:
+            self.auth.authorize(principal, repo)
+        return caller
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.mirror is None:
@@ -143,11 +146,13 @@ class MirrorApp:
                 if target is not None:
                     if method not in ("GET", "HEAD"):
                         raise MethodNotAllowed(f"{method} is not allowed on resolve URLs")
-                    return await self.mirror.resolve(scope, receive, send, target, self.caller(scope))
+                    caller = self.caller(scope, target.repo)
+                    return await self.mirror.resolve(scope, receive, send, target, caller)
             if raw_path.startswith("/api/") and raw_path != "/api/mirror/status":
                 check_raw_path(raw_path)
                 api_target = hf.parse_api(raw_path)
-                return await self.mirror.api(scope, receive, send, raw_path, api_target, self.caller(scope))
+                caller = self.caller(scope, api_target.repo if api_target else None)
+                return await self.mirror.api(scope, receive, send, raw_path, api_target, caller)
         except MirrorError as exc:
             await send_error(send, exc, head=method == "HEAD")
             return "error"

@@ -187,3 +187,24 @@ class MetadataIndex:
         self._files.data.clear()
         self._refs = {k: v for k, v in self._refs.items() if k[0] != repo.key}
         return removed
+
+    # sync, import and export (CLI; not on request paths) ------------------------------------------------------
+    def put_ref_at(self, repo: RepoRef, revision: str, commit: str, fetched_at: float) -> None:
+        """Record a ref as confirmed at ``fetched_at`` (0: known but never confirmed upstream, e.g. imported)."""
+        entry = RefEntry(commit, fetched_at)
+        self._refs[(repo.key, revision)] = entry
+        self._cache.set(("ref", repo.type.value, repo.repo_id, revision), entry)
+
+    def iter_refs(self) -> Iterator[tuple[str, str, str, RefEntry]]:
+        """Every ref as (repo type, repo id, revision, entry)."""
+        for key in self.iter_keys("ref"):
+            entry = self._cache.get(key)
+            if entry is not None:
+                yield key[1], key[2], key[3], entry
+
+    def files_at(self, repo: RepoRef, commit: str) -> list[FileEntry]:
+        """The file entries (present and missing) known for ``repo`` at ``commit``."""
+        return [
+            entry for repo_type, repo_id, entry in self.iter_files()
+            if repo_type == repo.type.value and repo_id == repo.repo_id and entry.commit == commit
+        ]

@@ -165,7 +165,9 @@ class MirrorService:
         revision = target.revision
         if route in ("xet-read-token", "xet-write-token"):
             raise HubError(404, "EntryNotFound", "Xet is not served by this mirror; clients download over HTTP")
-        cacheable = route in ("info", "revision", "tree", "paths-info", "refs", "commits", "treesize")
+        cacheable = method in ("GET", "POST") and route in (
+            "info", "revision", "tree", "paths-info", "refs", "commits", "treesize"
+        )
         if not cacheable:
             return await self._passthrough(method, raw_path, query, form, caller)
         key_query = _normalise_query(query, form)

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlencode, urljoin, urlsplit
 
 import httpx
 
@@ -82,9 +82,13 @@ class UpstreamClient:
         Returns the final response and its URL. Auth is only sent to the upstream's origin.
         """
         current = url
+        body: bytes | None = None
+        if data is not None:
+            body = urlencode(data).encode()
+            headers = {**(headers or {}), "content-type": "application/x-www-form-urlencoded"}
         for _ in range(_MAX_HOPS):
             request = self.client.build_request(
-                method, current, headers=self._headers(current, token, headers), data=data  # type: ignore[arg-type]
+                method, current, headers=self._headers(current, token, headers), content=body
             )
             started = time.perf_counter()
             try:
@@ -109,7 +113,7 @@ class UpstreamClient:
             await response.aclose()
             current = target
             if method == "POST" and response.status_code == 303:
-                method, data = "GET", None
+                method, body = "GET", None
         raise UpstreamUnavailable(f"Upstream {self.base} redirected too many times")
 
     def _mark(self, healthy: bool, error: str | None) -> None:

@@ -1,0 +1,132 @@
+"""Mirror-side access control (off by default) and the operator's allow/deny lists.
+
+Off (the default, a plain intranet): the caller's own ``Authorization: Bearer hf_...`` goes upstream; callers that
+send none are served with the mirror's service token (``--upstream-token`` / ``HF_TOKEN``) when one is set.
+
+On (a tokens file or a JWT key is configured): every request needs a *mirror* token, which maps to allowed repo
+patterns. The mirror token is never sent upstream; the service token is used on the caller's behalf.
+
+Tokens file (TOML)::
+
+    [[token]]
+    name = "ci"
+    token = "mt_ci_secret"            # or: sha256 = "<hex digest of the token>"
+    repos = ["model:acme/*", "dataset:*"]
+
+JWTs carry ``sub`` and ``repos`` (the same patterns); HS256 with ``--jwt-secret`` or RS256 with
+``--jwt-public-key-file``. Patterns are ``type:glob`` or a bare ``glob`` (any type), matched with fnmatch.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from mirror.access import Caller
+from mirror.config import ConfigError, Settings
+from mirror.errors import AccessDenied
+from mirror.hf import RepoRef
+
+
+def _matches(patterns: tuple[str, ...], repo: RepoRef) -> bool:
+    for pattern in patterns:
+        kind, sep, glob = pattern.partition(":")
+        if not sep:
+            kind, glob = "*", pattern
+        if fnmatch.fnmatchcase(repo.type.value, kind) and fnmatch.fnmatchcase(repo.repo_id, glob):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class RepoFilter:
+    """The operator's lists: a repo must match ``allow`` (when given) and must not match ``deny``."""
+
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+
+    def check(self, repo: RepoRef) -> None:
+        if self.deny and _matches(self.deny, repo):
+            raise AccessDenied(f"{repo.type.value} {repo.repo_id} is not served by this mirror (denied by policy)")
+        if self.allow and not _matches(self.allow, repo):
+            raise AccessDenied(f"{repo.type.value} {repo.repo_id} is not served by this mirror (not in its allow list)")
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    repos: tuple[str, ...]
+
+
+def _unauthenticated(message: str) -> AccessDenied:
+    return AccessDenied(message, status=401, code="RepoNotFound")
+
+
+class MirrorAuth:
+    def __init__(self, settings: Settings) -> None:
+        self.required = settings.auth_required
+        self.service_token = settings.upstream_token
+        self.filter = RepoFilter(settings.allow_repos, settings.deny_repos)
+        self._by_digest: dict[str, Principal] = {}
+        if settings.auth_tokens_file:
+            self._load_tokens(settings.auth_tokens_file)
+        self._jwt_key: str | bytes | None = settings.jwt_secret
+        self._jwt_algorithms = ["HS256"]
+        if settings.jwt_public_key_file:
+            self._jwt_key = Path(settings.jwt_public_key_file).read_bytes()
+            self._jwt_algorithms = ["RS256"]
+
+    def _load_tokens(self, path: Path) -> None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read the tokens file {path}: {exc}") from exc
+        for number, entry in enumerate(data.get("token", []), 1):
+            digest = entry.get("sha256") or (hashlib.sha256(entry["token"].encode()).hexdigest()
+                                             if entry.get("token") else None)
+            if not digest:
+                raise ConfigError(f"{path}: token #{number} needs 'token' or 'sha256'")
+            self._by_digest[digest.lower()] = Principal(entry.get("name", f"token{number}"),
+                                                        tuple(entry.get("repos", ["*"])))
+
+    def caller(self, bearer: str | None) -> tuple[Caller, Principal | None]:
+        """Who is calling and which token goes upstream for them; raises 401 in auth mode without a valid token."""
+        if not self.required:
+            if bearer:
+                return Caller(bearer, own_token=True), None
+            return Caller(self.service_token), None
+        if not bearer:
+            raise _unauthenticated("This mirror requires a token: set HF_TOKEN to your mirror token")
+        principal = self._verify(bearer)
+        if principal is None:
+            raise _unauthenticated("Invalid mirror token")
+        return Caller(self.service_token), principal
+
+    def _verify(self, token: str) -> Principal | None:
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        for known, principal in self._by_digest.items():
+            if hmac.compare_digest(known, digest):
+                return principal
+        if self._jwt_key is not None and token.count(".") == 2:
+            import jwt
+
+            try:
+                claims = jwt.decode(token, self._jwt_key, algorithms=self._jwt_algorithms,
+                                    options={"require": ["exp", "sub"]})
+            except jwt.PyJWTError:
+                return None
+            repos = claims.get("repos", [])
+            if isinstance(repos, str):
+                repos = [repos]
+            return Principal(str(claims["sub"]), tuple(str(r) for r in repos))
+        return None
+
+    def authorize(self, principal: Principal | None, repo: RepoRef) -> None:
+        """Raise unless the operator's lists and the caller's token allow ``repo``."""
+        self.filter.check(repo)
+        if principal is not None and not _matches(principal.repos, repo):
+            raise AccessDenied(f"your mirror token ({principal.name}) does not allow {repo.type.value} {repo.repo_id}")
