@@ -104,6 +104,7 @@ def client_env(endpoint: str, hf_home: Path, **extra: str) -> dict[str, str]:
 def run_client(code: str, endpoint: str, hf_home: Path, *, python: str = sys.executable, timeout: float = 120,
                **extra_env: str) -> object:
     """Run client code in a fresh interpreter; the code prints one JSON document as its last stdout line."""
+    hf_home.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run([python, "-c", code], env=client_env(endpoint, hf_home, **extra_env), capture_output=True,
                           text=True, timeout=timeout, cwd=hf_home)
     if proc.returncode != 0:

@@ -1,0 +1,318 @@
+"""The emulator's repos: deterministic content, git-style ids, and the ground truth that tests compare against.
+
+Every process that builds :class:`Fixtures` from the same arguments gets the same repos, commits and bytes, so the
+test process (``EmulatorHandle.files``) and the emulator process agree without talking. The one large file
+(``acme/big-data`` ``big.bin``) lives on disk in the work dir and is generated once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import random
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LAST_MODIFIED = "2024-05-01T12:00:00.000Z"
+CREATED_AT = "2023-01-01T00:00:00.000Z"
+GOOD_TOKEN = "hf_good_token"  # may read every repo, gated and private included
+DENIED_TOKEN = "hf_denied_token"  # a valid user who did not accept the gate and is no member of the private org
+VALID_TOKENS = (GOOD_TOKEN, DENIED_TOKEN)
+_WORDS = ("alpha beta gamma delta mirror cache blob token batch tensor stream parquet arrow hub model dataset "
+          "commit revision range byte fast slow warm cold local remote gpu cpu").split()
+
+
+def git_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+@dataclass
+class RepoFile:
+    path: str
+    size: int
+    sha256: str
+    lfs: bool
+    data: bytes | None = None  # None: on disk at ``disk_path``
+    disk_path: Path | None = None
+    blob_sha1: str = ""
+
+    @property
+    def pointer(self) -> bytes:
+        return f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.sha256}\nsize {self.size}\n".encode()
+
+    @property
+    def etag(self) -> str:
+        """What the Hub sends as (X-Linked-)ETag: sha256 for LFS files, the git blob sha1 otherwise."""
+        return self.sha256 if self.lfs else self.blob_sha1
+
+    @property
+    def oid(self) -> str:
+        return git_sha1(self.pointer) if self.lfs else self.blob_sha1
+
+    def read(self, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes ``[start, end)``."""
+        end = self.size if end is None else end
+        if self.data is not None:
+            return self.data[start:end]
+        assert self.disk_path is not None
+        with open(self.disk_path, "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
+    def entry(self, *, xet: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "file", "oid": self.oid, "size": self.size, "path": self.path}
+        if self.lfs:
+            out["lfs"] = {"oid": self.sha256, "size": self.size, "pointerSize": len(self.pointer)}
+            if xet:  # the real Hub lists a Xet hash for Xet-backed LFS files; a mirror must drop it
+                out["xetHash"] = hashlib.sha256(b"xet" + self.sha256.encode()).hexdigest()
+        return out
+
+
+def make_file(path: str, data: bytes, lfs: bool = False) -> RepoFile:
+    return RepoFile(path, len(data), hashlib.sha256(data).hexdigest(), lfs, data=data, blob_sha1=git_sha1(data))
+
+
+@dataclass
+class Commit:
+    sha: str
+    files: dict[str, RepoFile]
+    title: str = "update"
+
+    def dirs(self) -> set[str]:
+        return {"/".join(p.split("/")[:i]) for p in self.files for i in range(1, p.count("/") + 1)}
+
+
+@dataclass
+class Repo:
+    repo_type: str  # model | dataset | space
+    repo_id: str
+    gated: bool = False
+    private: bool = False
+    commits: dict[str, Commit] = field(default_factory=dict)
+    branches: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    prs: dict[str, str] = field(default_factory=dict)  # "refs/pr/1" -> sha
+
+    def add_commit(self, files: dict[str, RepoFile], title: str) -> Commit:
+        digest = hashlib.sha1(f"{self.repo_type}/{self.repo_id}/{len(self.commits)}/{title}".encode())
+        for path in sorted(files):
+            digest.update(f"{path}\0{files[path].etag}\n".encode())
+        commit = Commit(digest.hexdigest(), dict(files), title)
+        self.commits[commit.sha] = commit
+        return commit
+
+    def resolve(self, rev: str) -> Commit | None:
+        """A branch, tag, ``refs/pr/N``, full sha or unambiguous short sha (>= 7 hex) to its commit."""
+        for refs in (self.branches, self.tags, self.prs):
+            if rev in refs:
+                return self.commits[refs[rev]]
+        if rev in self.commits:
+            return self.commits[rev]
+        if len(rev) >= 7 and all(c in "0123456789abcdef" for c in rev):
+            hits = [c for sha, c in self.commits.items() if sha.startswith(rev)]
+            if len(hits) == 1:
+                return hits[0]
+        return None
+
+    def visible_to(self, token: str | None) -> bool:
+        return not self.private or token == GOOD_TOKEN
+
+    def readable_by(self, token: str | None) -> bool:
+        return self.visible_to(token) and (not self.gated or token == GOOD_TOKEN)
+
+
+def _safetensors(n_floats: int, seed: int) -> bytes:
+    """A valid safetensors file with one F32 tensor."""
+    header = json.dumps({"weight": {"dtype": "F32", "shape": [n_floats], "data_offsets": [0, 4 * n_floats]},
+                         "__metadata__": {"format": "pt"}}).encode()
+    header += b" " * (-len(header) % 8)
+    rng = random.Random(seed)
+    return struct.pack("<Q", len(header)) + header + rng.randbytes(4 * n_floats)
+
+
+def _rows(n: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [{"id": i, "text": " ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 16))),
+             "label": rng.randint(0, 1)} for i in range(n)]
+
+
+def _parquet(rows: list[dict[str, Any]]) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buf, row_group_size=64)
+    return buf.getvalue()
+
+
+def _jsonl(rows: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def _tokenizer_files() -> dict[str, bytes]:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello", "world", *_WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 128, "pad_token": "[PAD]",
+              "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]"}
+    return {"tokenizer.json": tok.to_str().encode(), "tokenizer_config.json": json.dumps(config).encode()}
+
+
+def _big_file(workdir: Path, size: int) -> RepoFile:
+    """``size`` deterministic pseudo-random bytes on disk, generated once per work dir."""
+    path = workdir / f"big-{size}.bin"
+    meta = workdir / f"big-{size}.sha256"
+    if not (path.exists() and meta.exists() and path.stat().st_size == size):
+        digest, sha1 = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % size)
+        rng = random.Random(4242)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            left = size
+            while left:
+                chunk = rng.randbytes(min(left, 8 << 20))
+                digest.update(chunk)
+                sha1.update(chunk)
+                f.write(chunk)
+                left -= len(chunk)
+        tmp.replace(path)
+        meta.write_text(f"{digest.hexdigest()} {sha1.hexdigest()}")
+    sha256, sha1_hex = meta.read_text().split()
+    return RepoFile("big.bin", size, sha256, True, disk_path=path, blob_sha1=sha1_hex)
+
+
+GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n*.parquet filter=lfs diff=lfs merge=lfs -text\n"
+
+
+def build_repos(workdir: Path, big_file_size: int) -> dict[tuple[str, str], Repo]:
+    repos: dict[tuple[str, str], Repo] = {}
+
+    def add(repo: Repo) -> Repo:
+        repos[(repo.repo_type, repo.repo_id)] = repo
+        return repo
+
+    # acme/tiny-model: four revisions, nested folders, LFS weights, a tokenizer.
+    tiny = add(Repo("model", "acme/tiny-model"))
+    base = {
+        ".gitattributes": make_file(".gitattributes", GITATTRIBUTES),
+        "README.md": make_file("README.md", b"---\nlicense: mit\n---\n# tiny-model\n"),
+        "config.json": make_file("config.json", json.dumps({"model_type": "bert", "vocab_size": 40,
+                                                            "hidden_size": 8, "version": 1}).encode()),
+        "sub/nested.txt": make_file("sub/nested.txt", b"nested file v1\n"),
+        "sub/deeper/leaf.json": make_file("sub/deeper/leaf.json", b'{"leaf": true}\n'),
+        "model.safetensors": make_file("model.safetensors", _safetensors(75_000, seed=1), lfs=True),
+        **{p: make_file(p, d) for p, d in _tokenizer_files().items()},
+    }
+    v1 = tiny.add_commit(base, "v1.0")
+    main_files = dict(base)
+    main_files["config.json"] = make_file("config.json", json.dumps({"model_type": "bert", "vocab_size": 40,
+                                                                     "hidden_size": 8, "version": 2}).encode())
+    main_files["sub/nested.txt"] = make_file("sub/nested.txt", b"nested file v2\n")
+    main = tiny.add_commit(main_files, "main")
+    dev = tiny.add_commit({**main_files, "dev.txt": make_file("dev.txt", b"dev only\n")}, "dev")
+    pr = tiny.add_commit({**main_files, "config.json": make_file("config.json", b'{"model_type": "bert", "pr": 1}')},
+                         "pr1")
+    tiny.branches.update(main=main.sha, dev=dev.sha)
+    tiny.tags["v1.0"] = v1.sha
+    tiny.prs["refs/pr/1"] = pr.sha
+
+    # Repo ids without an org, as the Hub still serves them.
+    for repo_id in ("gpt2", "openai-community/gpt2"):
+        gpt2 = add(Repo("model", repo_id))
+        commit = gpt2.add_commit({"config.json": make_file("config.json", b'{"model_type": "gpt2", "n_layer": 1}'),
+                                  "README.md": make_file("README.md", b"# gpt2\n")}, "init")
+        gpt2.branches["main"] = commit.sha
+
+    # Gated and private repos.
+    for repo_id, gated, private in (("acme/gated-model", True, False), ("acme/private-model", False, True)):
+        repo = add(Repo("model", repo_id, gated=gated, private=private))
+        commit = repo.add_commit({
+            "config.json": make_file("config.json", json.dumps({"model_type": "bert", "secret": repo_id}).encode()),
+            "model.safetensors": make_file("model.safetensors", _safetensors(4096, seed=len(repo_id)), lfs=True),
+        }, "init")
+        repo.branches["main"] = commit.sha
+
+    # Datasets: parquet under data/ with a README, jsonl at the root without one.
+    parquet = add(Repo("dataset", "acme/tiny-parquet"))
+    readme = ("---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: data/train-*\n"
+              "  - split: test\n    path: data/test-*\n---\n# tiny-parquet\n")
+    commit = parquet.add_commit({
+        ".gitattributes": make_file(".gitattributes", GITATTRIBUTES),
+        "README.md": make_file("README.md", readme.encode()),
+        "data/train-00000-of-00001.parquet": make_file("data/train-00000-of-00001.parquet", _parquet(_rows(200, 1)),
+                                                       lfs=True),
+        "data/test-00000-of-00001.parquet": make_file("data/test-00000-of-00001.parquet", _parquet(_rows(50, 2)),
+                                                      lfs=True),
+    }, "init")
+    parquet.branches["main"] = commit.sha
+    jsonl = add(Repo("dataset", "acme/tiny-jsonl"))
+    commit = jsonl.add_commit({"train.jsonl": make_file("train.jsonl", _jsonl(_rows(30, 3))),
+                               "test.jsonl": make_file("test.jsonl", _jsonl(_rows(10, 4)))}, "init")
+    jsonl.branches["main"] = commit.sha
+
+    big = add(Repo("dataset", "acme/big-data"))
+    commit = big.add_commit({"README.md": make_file("README.md", b"# big-data\n"),
+                             "big.bin": _big_file(workdir, big_file_size)}, "init")
+    big.branches["main"] = commit.sha
+
+    space = add(Repo("space", "acme/tiny-space"))
+    commit = space.add_commit({"app.py": make_file("app.py", b"print('hello from a space')\n"),
+                               "README.md": make_file("README.md", b"---\nsdk: gradio\n---\n")}, "init")
+    space.branches["main"] = commit.sha
+    return repos
+
+
+class Fixtures:
+    """The ground truth, read by tests: ``emulator.files.file_bytes("model", "acme/tiny-model", "main", path)``."""
+
+    def __init__(self, workdir: Path, big_file_size: int) -> None:
+        self.repos = build_repos(workdir, big_file_size)
+        self.rows = {("acme/tiny-parquet", "train"): 200, ("acme/tiny-parquet", "test"): 50,
+                     ("acme/tiny-jsonl", "train"): 30, ("acme/tiny-jsonl", "test"): 10}
+
+    def repo(self, repo_type: str, repo_id: str) -> Repo:
+        return self.repos[(repo_type, repo_id)]
+
+    def _file(self, repo_type: str, repo_id: str, rev: str, path: str) -> RepoFile:
+        commit = self.repo(repo_type, repo_id).resolve(rev)
+        assert commit is not None, rev
+        return commit.files[path]
+
+    def commit(self, repo_type: str, repo_id: str, rev: str) -> str:
+        commit = self.repo(repo_type, repo_id).resolve(rev)
+        assert commit is not None, rev
+        return commit.sha
+
+    def file_bytes(self, repo_type: str, repo_id: str, rev: str, path: str) -> bytes:
+        return self._file(repo_type, repo_id, rev, path).read()
+
+    def etag(self, repo_type: str, repo_id: str, rev: str, path: str) -> str:
+        return self._file(repo_type, repo_id, rev, path).etag
+
+    def size(self, repo_type: str, repo_id: str, rev: str, path: str) -> int:
+        return self._file(repo_type, repo_id, rev, path).size
+
+    def disk_path(self, repo_type: str, repo_id: str, rev: str, path: str) -> Path | None:
+        return self._file(repo_type, repo_id, rev, path).disk_path
+
+    def paths(self, repo_type: str, repo_id: str, rev: str) -> list[str]:
+        commit = self.repo(repo_type, repo_id).resolve(rev)
+        assert commit is not None, rev
+        return sorted(commit.files)
+
+    def row_count(self, repo_id: str, split: str) -> int:
+        return self.rows[(repo_id, split)]
+
+    def push(self, repo_type: str, repo_id: str, branch: str, changes: dict[str, bytes]) -> str:
+        """A new commit on ``branch`` with ``changes`` applied (what ``EmulatorHandle.push`` mirrors remotely)."""
+        repo = self.repo(repo_type, repo_id)
+        files = dict(repo.commits[repo.branches[branch]].files)
+        files.update({p: make_file(p, d, lfs=p.endswith((".safetensors", ".parquet", ".bin")))
+                      for p, d in changes.items()})
+        commit = repo.add_commit(files, f"push {len(repo.commits)}")
+        repo.branches[branch] = commit.sha
+        return commit.sha

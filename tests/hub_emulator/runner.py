@@ -1,0 +1,110 @@
+"""Start the emulator as a real process on 127.0.0.1 and drive it from a test (stats, faults, outages)."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.hub_emulator.fixtures import Fixtures
+from tests.mirror_proc import REPO_ROOT, free_port
+
+
+class EmulatorHandle:
+    """A running emulator: ``url`` (Hub host), ``cdn_url`` (LFS host), ``files`` (the ground truth)."""
+
+    def __init__(self, workdir: Path, *, page_size: int = 1000, big_file_size: int = 8 << 20,
+                 url_ttl: float = 300.0) -> None:
+        self.workdir = workdir
+        self.files = Fixtures(workdir, big_file_size)  # also writes the big file, before the server starts
+        self.port, self.cdn_port = free_port(), free_port()
+        self.args = ["--page-size", str(page_size), "--big-file-size", str(big_file_size), "--url-ttl", str(url_ttl)]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / "emulator.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def cdn_url(self) -> str:
+        return f"http://127.0.0.1:{self.cdn_port}"
+
+    def start(self, timeout: float = 30.0) -> EmulatorHandle:
+        """Start (or restart after ``stop``) on the same ports; the fixtures are the same, stats start at zero."""
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child from here on
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.hub_emulator", "--port", str(self.port), "--cdn-port", str(self.cdn_port),
+             "--workdir", str(self.workdir), *self.args], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"emulator exited: {self.log_path.read_text(errors='replace')}")
+            try:
+                httpx.get(f"{self.url}/_emulator/stats", timeout=1).raise_for_status()
+                httpx.get(f"{self.cdn_url}/_emulator/stats", timeout=1).raise_for_status()
+                return self
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise RuntimeError("emulator did not start")
+
+    def stop(self) -> None:
+        """Take the Hub down (both hosts refuse connections) until ``start``."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def _control(self, action: str, payload: dict[str, Any] | None = None) -> Any:
+        response = httpx.post(f"{self.url}/_emulator/{action}", json=payload or {}, timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+    def stats(self) -> dict[str, Any]:
+        """``counts`` (per route kind, ``cdn_requests_with_auth``), ``fetches`` (file bodies served per
+        ``type:repo/path``), ``tokens`` (Hub-host requests per bearer token), ``bytes_served``, ``log``."""
+        return self._control("stats")
+
+    def reset_stats(self) -> None:
+        self._control("reset")
+
+    def set_faults(self, **faults: Any) -> None:
+        """Replace the faults: ``throttle_bps``, ``drop_after_bytes`` + ``drop_count``, ``status_burst`` +
+        ``burst_status`` + ``retry_after``, ``corrupt_next``, ``latency_s``, ``expire_urls=True``, ``down``."""
+        self._control("faults", faults)
+
+    def clear_faults(self) -> None:
+        self._control("faults", {})
+
+    def push(self, repo_type: str, repo_id: str, branch: str, changes: dict[str, bytes]) -> str:
+        """A new commit on ``branch`` upstream (and in ``files``); returns its sha."""
+        remote = self._control("push", {"type": repo_type, "repo": repo_id, "branch": branch,
+                                        "changes": {p: d.decode("latin-1") for p, d in changes.items()}})["sha"]
+        local = self.files.push(repo_type, repo_id, branch, changes)
+        assert remote == local, (remote, local)
+        return local
+
+    def fetch_count(self, repo_type: str, repo_id: str, path: str) -> int:
+        return int(self.stats()["fetches"].get(f"{repo_type}:{repo_id}/{path}", 0))
+
+
+@contextlib.contextmanager
+def run_emulator(workdir: Path, *, page_size: int = 1000, big_file_size: int = 8 << 20,
+                 url_ttl: float = 300.0) -> Iterator[EmulatorHandle]:
+    handle = EmulatorHandle(workdir, page_size=page_size, big_file_size=big_file_size, url_ttl=url_ttl)
+    handle.start()
+    try:
+        yield handle
+    finally:
+        handle.stop()
