@@ -62,6 +62,10 @@ Subcommand = tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable
 
 def _subcommands() -> list[Subcommand]:
     commands: list[Subcommand] = [("serve", "run the mirror server", add_settings_arguments, _run_serve)]
+    from mirror import cachecli, sync
+    commands.append(("sync", "pre-fetch the repos of a manifest into the cache", sync.add_arguments, sync.run))
+    commands.append(("cache", "inspect and manage the cache: ls, du, verify, rm, gc, import, export",
+                     cachecli.add_arguments, cachecli.run))
     return commands
 
 

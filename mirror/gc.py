@@ -43,6 +43,14 @@ class RepoUsage:
 
 
 @dataclass(frozen=True)
+class VerifyReport:
+    checked: int
+    checked_bytes: int
+    corrupt: tuple[BlobInfo, ...]
+    removed: bool
+
+
+@dataclass(frozen=True)
 class GcReport:
     evicted: int
     freed_bytes: int
@@ -159,6 +167,46 @@ class CacheManager:
                     os.unlink(entry.path)
                     removed += 1
         return removed
+
+    async def verify(self, *, remove: bool = True, jobs: int = 4,
+                     on_result: Callable[[BlobInfo, bool], None] | None = None) -> VerifyReport:
+        """Re-hash every committed blob against its etag; corrupt ones are deleted when ``remove`` (the next request
+        fills them again). Idle blobs only: a blob being filled is not committed yet, so it is never listed."""
+        from mirror.fill import hash_file
+
+        sizes: dict[str, int] = {}
+        for _type, _repo, entry in self.index.iter_files():
+            if entry.etag and not entry.missing:
+                sizes[entry.etag] = entry.size
+        blobs = await self.blobs()
+        semaphore = asyncio.Semaphore(max(1, jobs))
+        corrupt: list[BlobInfo] = []
+        checked = 0
+        checked_bytes = 0
+
+        async def check(blob: BlobInfo) -> None:
+            nonlocal checked, checked_bytes
+            async with semaphore:
+                path = await self.store.local_path(blob.etag)
+                if path is None:
+                    return  # evicted or removed meanwhile
+                size = sizes.get(blob.etag, blob.size)
+                try:
+                    ok = await asyncio.to_thread(hash_file, path, blob.etag, size)
+                except FileNotFoundError:
+                    return
+                checked += 1
+                checked_bytes += blob.size
+                if not ok:
+                    corrupt.append(blob)
+                    self.metrics.integrity_failures.inc()
+                    if remove:
+                        await self.store.delete(blob.etag)
+                if on_result is not None:
+                    on_result(blob, ok)
+
+        await asyncio.gather(*(check(b) for b in blobs))
+        return VerifyReport(checked, checked_bytes, tuple(corrupt), removed=remove)
 
     def _update_gauges(self, blobs: list[BlobInfo]) -> None:
         self.metrics.cache_bytes.set(sum(b.size for b in blobs))

@@ -193,13 +193,13 @@ class MetadataIndex:
         """Record a ref as confirmed at ``fetched_at`` (0: known but never confirmed upstream, e.g. imported)."""
         entry = RefEntry(commit, fetched_at)
         self._refs[(repo.key, revision)] = entry
-        self._cache.set(("ref", repo.type.value, repo.repo_id, revision), entry)
+        self._cache.set(_key("ref", repo.type.value, repo.repo_id, revision), entry)
 
     def iter_refs(self) -> Iterator[tuple[str, str, str, RefEntry]]:
         """Every ref as (repo type, repo id, revision, entry)."""
         for key in self.iter_keys("ref"):
-            entry = self._cache.get(key)
-            if entry is not None:
+            entry = self._cache.get(_SEP.join(key))
+            if entry is not None and len(key) == 4:
                 yield key[1], key[2], key[3], entry
 
     def files_at(self, repo: RepoRef, commit: str) -> list[FileEntry]:

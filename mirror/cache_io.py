@@ -1,0 +1,379 @@
+"""Import and export of huggingface_hub client cache trees (``~/.cache/huggingface/hub``).
+
+The client layout (one folder per repo)::
+
+    {type}s--{ns}--{name}/blobs/<etag>                      the file bytes, named by the Hub etag
+    {type}s--{ns}--{name}/snapshots/<commit>/<path>         relative symlink to ../../blobs/<etag>
+    {type}s--{ns}--{name}/refs/<revision>                   the commit a branch or tag pointed to
+    {type}s--{ns}--{name}/.no_exist/<commit>/<path>         a path known to be absent at the commit
+    {type}s--{ns}--{name}/trees/<commit>.json               snapshot_download's complete listing of the commit
+
+Import verifies every blob against its etag (sha256 for LFS, git blob sha1 otherwise), hardlinks it into the store
+when it can (copies otherwise), writes the file entries and refs, and synthesises the API JSON the server answers
+for these repos (``/revision/{rev}`` info and the tree listings) under the server's own cache keys. Synthesised
+listings from an incomplete snapshot are stored as *stale*: an online mirror asks upstream again, an offline one (or
+one whose upstream is down) answers from them. Imported refs are stored as unconfirmed for the same reason.
+
+Export writes the same layout from the mirror's cache; huggingface_hub reads it with ``HF_HUB_OFFLINE=1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mirror import hf
+from mirror.fill import hash_file
+from mirror.index import ApiEntry, FileEntry, MetadataIndex
+from mirror.storage.local import LocalBlobStore
+
+_REPO_DIR_RE = re.compile(r"^(models|datasets|spaces)--(.+)$")
+_JSON_HEADERS = (("content-type", "application/json"),)
+_TREE_QUERY = [("recursive", "true"), ("expand", "false")]
+_LS_QUERY = [("recursive", "false"), ("expand", "false")]
+
+Log = Callable[[str], None]
+
+
+def repo_folder_name(repo: hf.RepoRef) -> str:
+    """``models--acme--tiny-model``, as huggingface_hub names it."""
+    return "--".join([repo.type.plural, *repo.repo_id.split("/")])
+
+
+def repo_from_folder(name: str) -> hf.RepoRef | None:
+    match = _REPO_DIR_RE.match(name)
+    if not match:
+        return None
+    parts = match.group(2).split("--")
+    if not 1 <= len(parts) <= 2:
+        return None
+    try:
+        return hf.RepoRef(hf.RepoType.from_plural(match.group(1)), hf.validate_repo_id("/".join(parts)))
+    except Exception:  # noqa: BLE001 - not a repo folder
+        return None
+
+
+def lfs_pointer(sha256: str, size: int) -> bytes:
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+
+
+def git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def tree_entry(path: str, etag: str, size: int, blob_id: str | None = None) -> dict[str, Any]:
+    """A Hub tree entry for a file. For LFS files the ``oid`` is the git blob sha1 of the pointer file."""
+    if hf.SHA256_RE.match(etag):
+        pointer = lfs_pointer(etag, size)
+        return {"type": "file", "oid": blob_id or git_blob_sha1(pointer), "size": size, "path": path,
+                "lfs": {"oid": etag, "size": size, "pointerSize": len(pointer)}}
+    return {"type": "file", "oid": blob_id or etag, "size": size, "path": path}
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(ts))
+
+
+def synthesize_api(index: MetadataIndex, repo: hf.RepoRef, commit: str, files: dict[str, tuple[str, int]],
+                   revisions: list[str], *, complete: bool, modified: float) -> int:
+    """Write info and tree JSON for ``repo`` at ``commit`` (path -> (etag, size)); returns entries written.
+
+    ``complete``: the file list is the commit's whole tree, so the JSON is stored as immutable; otherwise it is
+    stored as already stale, so an online mirror replaces it with upstream's answer. Existing entries are kept.
+    """
+    from mirror.service import _normalise_query
+    from mirror.sync import listing_pages
+
+    written = 0
+    fetched_at = time.time() if complete else 0.0
+
+    def put(revision: str | None, route: str, query: list[tuple[str, str]], data: Any, immutable: bool) -> None:
+        nonlocal written
+        key_query = _normalise_query(list(query), None)
+        if index.get_api(repo, revision, route, key_query) is not None:
+            return
+        body = json.dumps(data, separators=(",", ":")).encode()
+        index.put_api(repo, revision, route, key_query,
+                      ApiEntry(200, _JSON_HEADERS, body, fetched_at if immutable else 0.0, immutable=immutable))
+        written += 1
+
+    entries = [tree_entry(path, etag, size) for path, (etag, size) in sorted(files.items())]
+    pages = listing_pages(entries)
+    directories = [e for children in pages.values() for e in children if e["type"] == "directory"]
+    recursive = sorted(directories, key=lambda e: e["path"]) + entries
+    info = {
+        "_id": hashlib.sha1(repo.key.encode()).hexdigest()[:24], "id": repo.repo_id, "sha": commit,
+        "private": False, "disabled": False, "gated": False, "downloads": 0, "likes": 0, "tags": [],
+        "lastModified": _iso(modified), "createdAt": _iso(modified),
+        "siblings": [{"rfilename": path} for path in sorted(files)],
+    }
+    # By commit (immutable when the listing is complete), and by every branch/tag that pointed at it (always
+    # stale: a branch moves, so an online mirror asks upstream again).
+    for revision, immutable in [(commit, complete), *((rev, False) for rev in revisions)]:
+        put(revision, "tree:", _TREE_QUERY, recursive, immutable)
+        for directory, children in pages.items():
+            put(revision, f"tree:{directory}", _LS_QUERY, children, immutable)
+        put(revision, "revision:", [], info, immutable)
+    if "main" in revisions:
+        put(None, "info:", [], info, False)
+    return written
+
+
+# --- import --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ImportReport:
+    repos: list[str] = field(default_factory=list)
+    files: int = 0
+    blobs_added: int = 0
+    blobs_present: int = 0
+    bytes_added: int = 0
+    linked: int = 0
+    corrupt: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    refs: int = 0
+
+
+def find_repo_folders(path: Path) -> list[Path]:
+    """PATH is a hub cache (``~/.cache/huggingface/hub``), an HF_HOME (with ``hub/``), or one repo folder."""
+    path = Path(path).expanduser()
+    if repo_from_folder(path.name) is not None and path.is_dir():
+        return [path]
+    if not any(repo_from_folder(p.name) for p in path.iterdir() if p.is_dir()) and (path / "hub").is_dir():
+        path = path / "hub"
+    return sorted(p for p in path.iterdir() if p.is_dir() and repo_from_folder(p.name) is not None)
+
+
+def _read_trees_json(folder: Path, commit: str) -> dict[str, tuple[str, int]] | None:
+    try:
+        data = json.loads((folder / "trees" / f"{commit}.json").read_text())
+        if data.get("format_version") != 1:
+            return None
+        out = {}
+        for path, info in data["files"].items():
+            etag = info.get("lfs_sha256") or info["blob_id"]
+            out[path] = (etag, int(info["size"]))
+        return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _walk_files(root: Path) -> list[tuple[str, Path]]:
+    out = []
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            full = Path(dirpath) / name
+            out.append((full.relative_to(root).as_posix(), full))
+    return sorted(out)
+
+
+async def _ingest_blob(store: LocalBlobStore, source: Path, etag: str, *, link: bool, owner: str
+                       ) -> tuple[str, int, bool]:
+    """Put ``source`` into the store as blob ``etag``: ('added'|'present'|'corrupt'|'busy', size, linked).
+
+    Under the blob's fill lease, so a running server or sync never fills it at the same time."""
+    info = store.stat_sync(etag)
+    if info is not None:
+        return "present", info.size, False
+    if not await store.acquire_lease(etag, owner, 60.0):
+        return "busy", 0, False  # a fill of this blob is running: it will commit it
+    try:
+        if store.stat_sync(etag) is not None:
+            return "present", os.stat(source).st_size, False
+        tmp = store.partials_dir / f"{etag}.import-{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        linked = False
+        if link:
+            try:
+                os.link(source, tmp)
+                linked = True
+            except OSError:
+                linked = False
+        if not linked:
+            await asyncio.to_thread(shutil.copyfile, source, tmp)
+        size = os.stat(tmp).st_size
+        if not await asyncio.to_thread(hash_file, tmp, etag, size):
+            tmp.unlink(missing_ok=True)
+            return "corrupt", size, False
+        if not linked:
+            now = time.time()
+            os.utime(tmp, (now, now))
+        await store.commit(etag, tmp)
+        return "added", size, linked
+    finally:
+        await store.release_lease(etag, owner)
+
+
+async def import_tree(path: Path, store: LocalBlobStore, index: MetadataIndex, *, link: bool = True,
+                public: bool = False, log: Log = print) -> ImportReport:
+    """Seed the mirror from a client cache tree; see the module docstring."""
+    from mirror.access import AccessPolicy
+
+    report = ImportReport()
+    access = AccessPolicy(index, ttl=0, fail_open=False)
+    owner = f"import:{os.getpid()}"
+    for folder in find_repo_folders(path):
+        repo = repo_from_folder(folder.name)
+        assert repo is not None
+        report.repos.append(repo.key)
+        commits_dir = folder / "snapshots"
+        refs: dict[str, list[str]] = {}
+        refs_dir = folder / "refs"
+        for rev, ref_file in _walk_files(refs_dir) if refs_dir.is_dir() else []:
+            commit = ref_file.read_text().strip()
+            if hf.is_commit(commit):
+                refs.setdefault(commit, []).append(rev)
+                if index.get_ref(repo, rev) is None:
+                    index.put_ref_at(repo, rev, commit, 0.0)  # known, never confirmed: re-checked when online
+                    report.refs += 1
+        commits = sorted(p.name for p in commits_dir.iterdir() if p.is_dir() and hf.is_commit(p.name)) \
+            if commits_dir.is_dir() else []
+        for commit in commits:
+            snapshot = commits_dir / commit
+            listed = _read_trees_json(folder, commit)
+            files: dict[str, tuple[str, int]] = {}
+            for rel, file_path in _walk_files(snapshot):
+                if file_path.is_symlink():
+                    blob = Path(os.path.realpath(file_path))
+                    etag = blob.name
+                elif listed is not None and rel in listed:
+                    blob, etag = file_path, listed[rel][0]
+                else:
+                    report.skipped.append(f"{repo.key}@{commit[:12]}/{rel}: not a blob link and no tree listing "
+                                          "names its etag")
+                    continue
+                if not (hf.SHA1_RE.match(etag) or hf.SHA256_RE.match(etag)) or not blob.is_file():
+                    report.skipped.append(f"{repo.key}@{commit[:12]}/{rel}: blob {etag} missing or misnamed")
+                    continue
+                outcome, size, linked = await _ingest_blob(store, blob, etag, link=link, owner=owner)
+                if outcome == "corrupt":
+                    report.corrupt.append(f"{repo.key}@{commit[:12]}/{rel} (blob {etag})")
+                    log(f"corrupt: {repo.key} {rel}: blob {etag} does not match its hash; not imported")
+                    continue
+                if outcome == "busy":
+                    report.skipped.append(f"{repo.key}/{rel}: being filled right now")
+                if outcome == "added":
+                    report.blobs_added += 1
+                    report.bytes_added += size
+                    report.linked += linked
+                elif outcome == "present":
+                    report.blobs_present += 1
+                size = size or os.stat(blob).st_size
+                files[rel] = (etag, size)
+                report.files += 1
+                if index.get_file(repo, commit, rel) is None:
+                    index.put_file(repo, FileEntry(commit, rel, etag, size, lfs=len(etag) == 64))
+            if listed is not None:  # files the commit has that this cache never downloaded: metadata only
+                for rel, (etag, size) in listed.items():
+                    if index.get_file(repo, commit, rel) is None:
+                        index.put_file(repo, FileEntry(commit, rel, etag, size, lfs=len(etag) == 64))
+            no_exist = folder / ".no_exist" / commit
+            for rel, _ in _walk_files(no_exist) if no_exist.is_dir() else []:
+                if index.get_file(repo, commit, rel) is None:
+                    index.put_file(repo, FileEntry(commit, rel, missing=True))
+            complete = listed is not None
+            if complete:  # the whole tree is known: the paths clients probe for are authoritatively absent
+                name = repo.repo_id.rsplit("/", 1)[-1]
+                for probe in (".huggingface.yaml", "dataset_infos.json", "README.md", f"{name}.py"):
+                    if probe not in listed and index.get_file(repo, commit, probe) is None:
+                        index.put_file(repo, FileEntry(commit, probe, missing=True))
+            synthesize_api(index, repo, commit, listed if listed is not None else files, refs.get(commit, []),
+                           complete=complete, modified=snapshot.stat().st_mtime)
+            log(f"imported {repo.key}@{commit[:12]} ({', '.join(refs.get(commit, [])) or 'no ref'}): "
+                f"{len(files)} files{'' if complete else ' (listing from the snapshot only)'}")
+        if public:
+            for kind in ("meta", "content"):
+                access.record_public(repo, kind, None)
+    return report
+
+
+# --- export --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ExportReport:
+    folder: Path
+    commit: str
+    files: int = 0
+    bytes: int = 0
+    missing: list[str] = field(default_factory=list)
+
+
+def resolve_commit(index: MetadataIndex, repo: hf.RepoRef, revision: str) -> str | None:
+    if hf.is_commit(revision):
+        return revision
+    entry = index.get_ref(repo, revision)
+    return entry.commit if entry else None
+
+
+def export_repo(store: LocalBlobStore, index: MetadataIndex, repo: hf.RepoRef, revision: str, dest: Path, *,
+                link: bool = False) -> ExportReport:
+    """Write ``repo`` at ``revision`` as a huggingface_hub cache tree under ``dest``."""
+    commit = resolve_commit(index, repo, revision)
+    if commit is None:
+        raise LookupError(f"{repo.key}: revision {revision!r} is not known to the mirror")
+    entries = [e for e in index.files_at(repo, commit)]
+    if not any(not e.missing for e in entries):
+        raise LookupError(f"{repo.key}@{revision}: no files of commit {commit} are known to the mirror")
+    folder = Path(dest).expanduser() / repo_folder_name(repo)
+    report = ExportReport(folder, commit)
+    blobs_dir = folder / "blobs"
+    snapshot = folder / "snapshots" / commit
+    blobs_dir.mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(entries, key=lambda e: e.path):
+        hf.validate_path(entry.path)
+        if entry.missing:
+            marker = folder / ".no_exist" / commit / entry.path
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+            continue
+        source = store.blob_path(entry.etag)
+        if not source.is_file():
+            report.missing.append(entry.path)
+            continue
+        blob = blobs_dir / entry.etag
+        if not (blob.is_file() and blob.stat().st_size == entry.size):
+            tmp = blobs_dir / f".{entry.etag}.tmp-{os.getpid()}"
+            tmp.unlink(missing_ok=True)
+            linked = False
+            if link:
+                try:
+                    os.link(source, tmp)
+                    linked = True
+                except OSError:
+                    linked = False
+            if not linked:
+                shutil.copyfile(source, tmp)
+            os.replace(tmp, blob)
+        link_path = snapshot / entry.path
+        link_path.parent.mkdir(parents=True, exist_ok=True)
+        target = "../" * (entry.path.count("/") + 2) + f"blobs/{entry.etag}"
+        if link_path.is_symlink() or link_path.exists():
+            if link_path.is_symlink() and os.readlink(link_path) == target:
+                report.files += 1
+                report.bytes += entry.size
+                continue
+            link_path.unlink()
+        os.symlink(target, link_path)
+        report.files += 1
+        report.bytes += entry.size
+    if not hf.is_commit(revision):
+        ref = folder / "refs" / revision
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        ref.write_text(commit)  # no trailing newline: huggingface_hub reads the file verbatim
+    tag = Path(dest).expanduser() / "CACHEDIR.TAG"
+    if not tag.exists():
+        tag.write_text("Signature: 8a477f597d28d172789f06886806bc55\n"
+                       "# This file is a cache directory tag created by hf-mirror export.\n")
+    return report
