@@ -121,8 +121,10 @@ class ResolveHandler:
                 else:
                     await self._send_from_fill(send, fill, start, end, disconnected)
         except Exception as exc:  # noqa: BLE001 - headers are gone: the only honest signal left is a cut connection
+            # Returning with the body incomplete makes the server close the connection: the client sees a
+            # truncated transfer (and resumes with Range), never a short file that looks whole.
             log.warning("aborting response for %s %s: %s", target.repo.key, target.path, exc)
-            raise
+            return "aborted"
         finally:
             watcher.cancel()
         return outcome

@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -53,6 +54,7 @@ class Faults:
     latency_s: float = 0.0  # delay before every Hub-host response
     expired_before: float = 0.0  # CDN URLs issued before this unix time are rejected (403)
     down: bool = False  # every request answers 503 (a Hub outage that still accepts TCP)
+    expire_on_drop: bool = False  # a drop also expires every signed URL issued so far (a long download outliving it)
 
 
 class Response(Exception):
@@ -158,6 +160,8 @@ class Emulator:
             if drop_at is not None and pos + len(chunk) > drop_at:
                 await send({"type": "http.response.body", "body": chunk[: drop_at - pos], "more_body": True})
                 self.bytes_served += drop_at - pos
+                if faults.expire_on_drop:
+                    faults.expired_before = time.time() + 0.001
                 raise ConnectionAbortedError("emulated connection drop")  # uvicorn closes the socket mid-body
             pos += len(chunk)
             sent += len(chunk)
@@ -233,9 +237,10 @@ class Emulator:
             location = f"/api/resolve-cache/{repo_type}s/{repo_id}/{commit.sha}/{quote(path)}"
             raise Response(307, {**base, "location": location, "etag": f'"{file.etag}"',
                                  "x-linked-size": str(file.size), "x-linked-etag": f'"{file.etag}"'})
-        expires = int(time.time() + self.url_ttl)
-        signature = self.sign(file.sha256, expires)
-        cdn = f"http://127.0.0.1:{self.cdn_port}/lfs/{file.sha256}?expires={expires}&sig={signature}"
+        issued = f"{time.time():.6f}"
+        expires = math.ceil(time.time() + self.url_ttl)
+        signature = self.sign(file.sha256, expires, issued)
+        cdn = f"http://127.0.0.1:{self.cdn_port}/lfs/{file.sha256}?expires={expires}&t={issued}&sig={signature}"
         xet_hash = file.entry()["xetHash"]
         xet_route = f"/api/{repo_type}s/{repo_id}/xet-read-token/{commit.sha}"
         raise Response(302, {**base, "location": cdn, "etag": f'"{file.oid}"', "x-linked-etag": f'"{file.etag}"',
@@ -383,19 +388,18 @@ class Emulator:
     # --- CDN host ----------------------------------------------------------------------------------------------
 
     @staticmethod
-    def sign(sha256: str, expires: int) -> str:
-        return hmac.new(SECRET, f"{sha256}:{expires}".encode(), hashlib.sha256).hexdigest()[:32]
+    def sign(sha256: str, expires: int, issued: str) -> str:
+        return hmac.new(SECRET, f"{sha256}:{expires}:{issued}".encode(), hashlib.sha256).hexdigest()[:32]
 
     def cdn(self, method: str, raw: str, query: dict[str, list[str]],
             headers: Headers) -> tuple[RepoFile, int, int, int, Headers]:
         self.counts[f"cdn_{method.lower()}"] += 1
         sha256 = raw.removeprefix("/lfs/")
         try:
-            expires = int(query["expires"][0])
-            good = hmac.compare_digest(query["sig"][0], self.sign(sha256, expires))
+            expires, issued = int(query["expires"][0]), float(query["t"][0])
+            good = hmac.compare_digest(query["sig"][0], self.sign(sha256, expires, query["t"][0]))
         except (KeyError, ValueError):
-            good, expires = False, 0
-        issued = expires - self.url_ttl
+            good, expires, issued = False, 0, 0.0
         if not good or expires < time.time() or issued < self.faults.expired_before:
             # What S3/CloudFront answer for an expired or forged presigned URL.
             raise Response(403, {"content-type": "application/xml"},
