@@ -21,7 +21,7 @@ from mirror import hf
 from mirror.access import AccessPolicy, Caller
 from mirror.auth import MirrorAuth
 from mirror.config import Settings
-from mirror.errors import MethodNotAllowed, MirrorError
+from mirror.errors import HeadersTooLarge, MethodNotAllowed, MirrorError
 from mirror.fill import FillManager
 from mirror.gc import CacheManager
 from mirror.index import MetadataIndex
@@ -36,6 +36,8 @@ from mirror.upstream import UpstreamClient
 
 access_log = logging.getLogger("hf_mirror.access")
 log = logging.getLogger("hf_mirror")
+# Real clients send about 1 KiB; a JWT a few. nginx's default front refuses lines over 8 KiB.
+_MAX_HEADER_BYTES = 32 * 1024
 
 
 class Mirror:
@@ -140,6 +142,8 @@ class MirrorApp:
         raw_path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         method = scope["method"]
         try:
+            if sum(len(k) + len(v) for k, v in scope["headers"]) > _MAX_HEADER_BYTES:
+                raise HeadersTooLarge(f"request headers exceed {_MAX_HEADER_BYTES} bytes")
             if "/resolve/" in raw_path or raw_path.startswith("/api/resolve-cache/"):
                 check_raw_path(raw_path)
                 target = hf.parse_resolve(raw_path)

@@ -3,6 +3,7 @@
     MirrorError                      500  (base; never raised bare)
     ├── BadRequest                   400  invalid repo id, revision, path, body
     ├── MethodNotAllowed             405
+    ├── HeadersTooLarge              431  request headers over the mirror's limit
     ├── RangeNotSatisfiable          416
     ├── AccessDenied                 401/403 mirror-side access control and allow/deny lists
     ├── HubError                     any status: an error the Hub itself answered (code/message passed through)
@@ -38,6 +39,11 @@ class BadRequest(MirrorError):
 class MethodNotAllowed(MirrorError):
     status = 405
     code = "MethodNotAllowed"
+
+
+class HeadersTooLarge(MirrorError):
+    status = 431
+    code = "HeadersTooLarge"
 
 
 class RangeNotSatisfiable(MirrorError):
