@@ -191,9 +191,18 @@ class MirrorService:
         if response.status_code >= 500:
             return await self._stale_api(target, caller, cached, hub_error(response, resolve=False))
         if response.status_code >= 400:
-            if response.status_code in (401, 403, 404):
+            error = hub_error(response, resolve=False)
+            if immutable and isinstance(error, EntryNotFound):
+                # A path missing at a commit stays missing: remember it, so that datasets' probes of absent folders
+                # keep their fast 404 while upstream is down.
+                headers = tuple((k, v) for k, v in response.headers.items() if k.lower() in hf.API_RELAYED_HEADERS)
+                if not any(k.lower() == "x-error-code" for k, _ in headers):
+                    headers += (("x-error-code", "EntryNotFound"),)
+                entry = ApiEntry(404, headers, response.content, time.time(), immutable=True)
+                self.index.put_api(target.repo, key_rev, f"{route}:{target.path}", key_query, entry)
+            elif response.status_code in (401, 403, 404):
                 self.access.record_public(target.repo, "meta", caller.token, public=False)
-            raise hub_error(response, resolve=False)
+            raise error
         body = _rewrite_json(response.content, route, target, revision, commit, self)
         headers = tuple(
             (k, v) for k, v in response.headers.items() if k.lower() in hf.API_RELAYED_HEADERS and k.lower() != "etag"

@@ -178,13 +178,15 @@ import json, hashlib
 from huggingface_hub import hf_hub_download, snapshot_download, HfApi
 p = hf_hub_download("acme/tiny-model", "config.json")
 root = snapshot_download("acme/tiny-model", allow_patterns=["*.json"])
-print(json.dumps(dict(sha=HfApi().model_info("acme/tiny-model").sha, cfg=open(p).read())))
+from datasets import load_dataset
+rows = {r: len(list(load_dataset(r, split="train", streaming=True))) for r in ("acme/tiny-parquet", "acme/tiny-jsonl")}
+print(json.dumps(dict(sha=HfApi().model_info("acme/tiny-model").sha, cfg=open(p).read(), rows=rows)))
 """
         warm = run_client(code, mirror.url, tmp_path / "a")
         emu.stop()
         began = time.monotonic()
         down = run_client(code, mirror.url, tmp_path / "b")  # a fresh client cache: every byte from the mirror
-        assert down == warm
+        assert down == warm and warm["rows"] == {"acme/tiny-parquet": 200, "acme/tiny-jsonl": 30}
         assert time.monotonic() - began < 30
         head = httpx.head(f"{mirror.url}/acme/tiny-model/resolve/main/config.json")
         assert head.status_code == 200 and head.headers["x-mirror-cache"] == "stale"
