@@ -22,6 +22,7 @@ class EmulatorHandle:
     def __init__(self, workdir: Path, *, page_size: int = 1000, big_file_size: int = 8 << 20,
                  url_ttl: float = 300.0) -> None:
         self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
         self.files = Fixtures(workdir, big_file_size)  # also writes the big file, before the server starts
         self.port, self.cdn_port = free_port(), free_port()
         self.args = ["--page-size", str(page_size), "--big-file-size", str(big_file_size), "--url-ttl", str(url_ttl)]
