@@ -1,0 +1,92 @@
+"""Cold path: a miss through the mirror against a direct download from the emulator (unthrottled and throttled to
+200 MB/s), and 20 concurrent cold requests for one file against a single fetch.
+
+    python bench/fill.py --size 1G --runs 3 [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from common import (
+    BIG_PATH,
+    BIG_REPO,
+    PeakRss,
+    Report,
+    emulator,
+    ensure_tools,
+    machine,
+    median_of,
+    mirror,
+    parallel_get,
+    write_json,
+)
+
+from mirror.config import parse_size
+
+
+def run(size: int, runs: int, workers: int, herd: int = 20) -> list[Report]:
+    reports = []
+    with emulator(size) as emu:
+        for throttle in (0.0, 200e6):
+            label = "unthrottled" if not throttle else f"upstream throttled to {throttle / 1e6:.0f} MB/s"
+            report = Report(f"Cold GET of a {size / 2**20:.0f} MiB file ({label})")
+            direct, cold, peaks = [], [], []
+            for _ in range(runs):
+                emu.set_faults(throttle_bps=throttle)
+                direct.append(parallel_get(emu.url + BIG_PATH, 1, follow=True))
+                with tempfile.TemporaryDirectory(prefix="hf-bench-cache-") as tmp, \
+                        mirror(emu.url, Path(tmp) / "cache", "--workers", str(workers)) as proc:
+                    assert proc.proc is not None
+                    with PeakRss(proc.proc.pid) as rss:
+                        cold.append(parallel_get(proc.url + BIG_PATH, 1))
+                    peaks.append(rss.peak)
+            d, c = median_of(direct), median_of(cold)
+            report.add("throughput", c["mb_s"], d["mb_s"], "MB/s", "direct download from the emulator")
+            report.add("time to first byte", c["ttfb_s"] * 1000, d["ttfb_s"] * 1000, "ms", "direct",
+                       higher_is_better=False)
+            report.add("mirror peak RSS", max(peaks) / 2**20, 0, "MiB", "-", higher_is_better=False)
+            reports.append(report)
+        emu.clear_faults()
+
+        report = Report(f"{herd} concurrent cold GETs of one {size / 2**20:.0f} MiB file")
+        singles, herds, fetches, peaks = [], [], [], []
+        for _ in range(runs):
+            singles.append(parallel_get(emu.url + BIG_PATH, 1, follow=True))
+            emu.reset_stats()
+            with tempfile.TemporaryDirectory(prefix="hf-bench-cache-") as tmp, \
+                    mirror(emu.url, Path(tmp) / "cache", "--workers", str(workers)) as proc:
+                assert proc.proc is not None
+                with PeakRss(proc.proc.pid) as rss:
+                    herds.append(parallel_get(proc.url + BIG_PATH, herd))
+                peaks.append(rss.peak)
+            fetches.append(emu.fetch_count("dataset", BIG_REPO, "big.bin"))
+        s, h = median_of(singles), median_of(herds)
+        report.add("wall time", h["wall_s"], s["wall_s"], "s", "one direct fetch", higher_is_better=False)
+        report.add("upstream fetches", max(fetches), 1, "count", "ideal", higher_is_better=False,
+                   all_runs=fetches)
+        report.add("aggregate to clients", h["mb_s"], s["mb_s"], "MB/s", "one direct fetch")
+        report.add("mirror peak RSS", max(peaks) / 2**20, 0, "MiB", "-", higher_is_better=False)
+        reports.append(report)
+    return reports
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="1G", help="file size, e.g. 1G, 64M (default 1G)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    ensure_tools()
+    size = parse_size(args.size.replace("G", "GiB").replace("M", "MiB")) or 0
+    reports = run(size, args.runs, args.workers)
+    for report in reports:
+        report.print()
+    write_json(args.json, reports, {**machine(), "size": size, "runs": args.runs, "workers": args.workers})
+
+
+if __name__ == "__main__":
+    main()

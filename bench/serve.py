@@ -1,0 +1,102 @@
+"""Warm path: the mirror serving a cached blob against nginx (sendfile) serving the very same file.
+
+1 client and 8 in parallel, a 100 MiB Range from the middle, and HEAD /resolve requests per second at 64
+connections for a bounded time (with the count of upstream requests, which must be zero).
+
+    python bench/serve.py --size 1G --runs 3 [--head-seconds 10] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from common import (
+    BIG_PATH,
+    Nginx,
+    PeakRss,
+    Report,
+    ab_head,
+    blob_path,
+    emulator,
+    ensure_tools,
+    machine,
+    median_of,
+    mirror,
+    parallel_get,
+    write_json,
+)
+
+from mirror.config import parse_size
+
+
+def run(size: int, runs: int, workers: int, head_seconds: int) -> list[Report]:
+    with emulator(size) as emu, tempfile.TemporaryDirectory(prefix="hf-bench-") as tmp:
+        cache = Path(tmp) / "cache"
+        etag = emu.files.etag("dataset", "acme/big-data", "main", "big.bin")
+        with mirror(emu.url, cache, "--workers", str(workers)) as proc:
+            parallel_get(proc.url + BIG_PATH, 1)  # fill the cache once
+            blob = blob_path(cache, etag)
+            assert blob.stat().st_size == size
+            rel = blob.relative_to(cache / "blobs")
+            with Nginx(cache / "blobs", Path(tmp) / "nginx", workers) as nginx:
+                nginx_url = f"{nginx.url}/{rel}"
+                mirror_url = proc.url + BIG_PATH
+                assert proc.proc is not None
+                reports = []
+                middle = size // 2
+                span = min(100 * 2**20, size // 2)
+                cases = [("1 client", 1, None), ("8 parallel clients", 8, None),
+                         (f"{span / 2**20:.0f} MiB Range from the middle", 1, f"{middle}-{middle + span - 1}")]
+                report = Report(f"Warm GET of a cached {size / 2**20:.0f} MiB file")
+                for name, clients, range_spec in cases:
+                    ours, ref, peaks = [], [], []
+                    for _ in range(runs):
+                        ref.append(parallel_get(nginx_url, clients, range_spec=range_spec))
+                        with PeakRss(proc.proc.pid) as rss:
+                            ours.append(parallel_get(mirror_url, clients, range_spec=range_spec))
+                        peaks.append(rss.peak)
+                    report.add(name, median_of(ours)["mb_s"], median_of(ref)["mb_s"], "MB/s", "nginx sendfile",
+                               peak_rss_mib=round(max(peaks) / 2**20))
+                reports.append(report)
+
+                head = Report(f"Warm HEAD /resolve, 64 connections, {head_seconds} s")
+                small = "/acme/tiny-model/resolve/main/config.json"
+                parallel_get(proc.url + small, 1)
+                emu.reset_stats()
+                ours, ref, peaks = [], [], []
+                for _ in range(runs):
+                    ref.append(ab_head(nginx_url, head_seconds, 64))
+                    with PeakRss(proc.proc.pid) as rss:
+                        ours.append(ab_head(proc.url + small, head_seconds, 64))
+                    peaks.append(rss.peak)
+                upstream = emu.stats()["counts"].get("requests", 0) - 1  # minus the stats call itself
+                o, r = median_of(ours), median_of(ref)
+                head.add("requests/s", o["rps"], r["rps"], "req/s", "nginx HEAD of a static file",
+                         upstream_requests=upstream, failed=int(o["failed"]))
+                head.add("p50 latency", o["p50_ms"], r["p50_ms"], "ms", "nginx", higher_is_better=False)
+                head.add("p99 latency", o["p99_ms"], r["p99_ms"], "ms", "nginx", higher_is_better=False)
+                head.add("mirror peak RSS", max(peaks) / 2**20, 0, "MiB", "-", higher_is_better=False)
+                reports.append(head)
+    return reports
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="1G", help="file size, e.g. 1G, 64M (default 1G)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=1, help="mirror workers and nginx worker_processes")
+    parser.add_argument("--head-seconds", type=int, default=10)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    ensure_tools()
+    size = parse_size(args.size.replace("G", "GiB").replace("M", "MiB")) or 0
+    reports = run(size, args.runs, args.workers, args.head_seconds)
+    for report in reports:
+        report.print()
+    write_json(args.json, reports, {**machine(), "size": size, "runs": args.runs, "workers": args.workers})
+
+
+if __name__ == "__main__":
+    main()
