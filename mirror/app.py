@@ -31,7 +31,7 @@ from mirror.routes.api import ApiHandler
 from mirror.routes.common import Receive, Scope, Send, bearer_token, check_raw_path, send_error
 from mirror.routes.resolve import ResolveHandler
 from mirror.service import MirrorService
-from mirror.storage.local import LocalBlobStore
+from mirror.storage import open_store
 from mirror.upstream import UpstreamClient
 
 access_log = logging.getLogger("hf_mirror.access")
@@ -47,7 +47,7 @@ class Mirror:
         self.settings = settings
         self.metrics = metrics
         settings.cache_dir.mkdir(parents=True, exist_ok=True)
-        self.store = LocalBlobStore(settings.cache_dir)
+        self.store = open_store(settings)  # local disk, or a bucket shared by several nodes (issue 9)
         self.index = MetadataIndex(settings.cache_dir / "index")
         self.upstream = UpstreamClient(settings, metrics)
         self.fills = FillManager(
@@ -65,6 +65,9 @@ class Mirror:
         self._gc_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        opener = getattr(self.store, "open", None)
+        if opener is not None:  # a remote store: fail at startup on a wrong endpoint, bucket or credential
+            await opener()
         await self.cache.sweep_partials()
         if self.settings.max_size and self.settings.gc_interval > 0:
             self._gc_task = asyncio.create_task(self.cache.run_periodically(self.settings.gc_interval))
@@ -74,6 +77,9 @@ class Mirror:
             self._gc_task.cancel()
         await self.fills.aclose(self.settings.shutdown_grace)
         await self.upstream.aclose()
+        closer = getattr(self.store, "aclose", None)
+        if closer is not None:  # gives back the fill leases this node still holds, then the connections
+            await closer()
         self.index.close()
 
     async def status(self) -> dict[str, Any]:

@@ -28,6 +28,15 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     add("--upstream-token", help="Hub token used for callers that send none (or HF_TOKEN)")
     add("--workers", type=int, help="worker processes (default 1); they share one cache and one fill per file")
     add("--max-size", help="disk quota for blobs, e.g. 500G; least recently used unpinned blobs are evicted")
+    add("--storage", choices=("local", "s3"),
+        help="where blobs live: local (under --cache-dir) or s3 (a bucket shared by several nodes)")
+    add("--s3-endpoint", help="S3-compatible endpoint URL (default: AWS S3); credentials from AWS_* env vars")
+    add("--s3-bucket", help="bucket holding the blobs and fill leases (storage s3)")
+    add("--s3-prefix", help="key prefix inside the bucket, e.g. hf-mirror/ (storage s3)")
+    add("--s3-region", help="bucket region (default us-east-1)")
+    add("--hot-tier-max-size", help="bound of the local disk copy of bucket blobs, e.g. 200G (storage s3; LRU)")
+    add("--lease-stale-seconds", type=float,
+        help="fill lease lifetime in seconds: a dead node's fill is taken over after this (storage s3; default 30)")
     add("--accel-redirect", help="nginx internal location prefix for cache hits, e.g. /_hf_mirror_blobs/")
     add("--log-format", choices=("text", "json"), help="log line format (default text)")
     add("--log-level", help="debug, info, warning, error (default info)")
@@ -66,6 +75,10 @@ def _subcommands() -> list[Subcommand]:
     commands.append(("sync", "pre-fetch the repos of a manifest into the cache", sync.add_arguments, sync.run))
     commands.append(("cache", "inspect and manage the cache: ls, du, verify, rm, gc, import, export",
                      cachecli.add_arguments, cachecli.run))
+    from mirror import demo, harness
+    commands.append(("bench", "measure data loading through an endpoint into a training loop", harness.add_arguments,
+                     harness.run))
+    commands.append(("demo", "sample hub + mirror + bench, offline, in under a minute", demo.add_arguments, demo.run))
     return commands
 
 

@@ -73,6 +73,15 @@ class Settings:
     # Disk.
     max_size: int | None = None
     gc_interval: float = 600.0
+    # Blob storage (issue 9): ``local`` keeps blobs under cache_dir; ``s3`` keeps them in an S3-compatible bucket
+    # shared by every node, with cache_dir as a bounded local hot tier. Credentials come from the standard AWS
+    # sources (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, profiles, instance/pod roles), never from these settings.
+    storage: str = "local"
+    s3_endpoint: str | None = None  # None: AWS S3 itself; e.g. http://seaweedfs:8333 or https://minio.example
+    s3_bucket: str | None = None
+    s3_prefix: str = ""
+    s3_region: str = "us-east-1"
+    hot_tier_max_size: int | None = 20 * 1024**3  # bound of the local copy of bucket blobs (LRU); 0: unbounded
     # Access (issue 6).
     access_ttl: float = 300.0
     access_fail_open: bool = False
@@ -103,6 +112,12 @@ class Settings:
             raise ConfigError("log_format must be 'text' or 'json'")
         if self.workers < 1:
             raise ConfigError("workers must be >= 1")
+        if self.storage not in ("local", "s3"):
+            raise ConfigError(f"storage must be 'local' or 's3', got {self.storage!r}")
+        if self.storage == "s3" and not self.s3_bucket:
+            raise ConfigError("storage = 's3' needs s3_bucket")
+        if self.s3_endpoint and not self.s3_endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"s3_endpoint must be an http(s) URL, got {self.s3_endpoint!r}")
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ConfigError("ssl_certfile and ssl_keyfile must be given together")
 
@@ -127,7 +142,7 @@ def _coerce(name: str, raw: Any) -> Any:
     """Turn a TOML/env/CLI value into the field's type, with a clear error."""
     kind = str(_FIELDS[name].type)
     try:
-        if name == "max_size":
+        if name in ("max_size", "hot_tier_max_size"):
             return parse_size(raw)
         if kind.startswith("bool"):
             if isinstance(raw, bool):
