@@ -177,6 +177,20 @@ def _walk_files(root: Path) -> list[tuple[str, Path]]:
     return sorted(out)
 
 
+def _link_or_copy(source: Path, dest: Path, link: bool) -> bool:
+    """Put ``source``'s bytes at ``dest`` (replacing any file there): a hardlink when ``link`` and the disk allows
+    it, a copy otherwise. True when linked."""
+    dest.unlink(missing_ok=True)
+    if link:
+        try:
+            os.link(source, dest)
+            return True
+        except OSError:
+            pass
+    shutil.copyfile(source, dest)
+    return False
+
+
 async def _ingest_blob(store: LocalBlobStore, source: Path, etag: str, *, link: bool, owner: str
                        ) -> tuple[str, int, bool]:
     """Put ``source`` into the store as blob ``etag``: ('added'|'present'|'corrupt'|'busy', size, linked).
@@ -191,16 +205,7 @@ async def _ingest_blob(store: LocalBlobStore, source: Path, etag: str, *, link: 
         if store.stat_sync(etag) is not None:
             return "present", os.stat(source).st_size, False
         tmp = store.partials_dir / f"{etag}.import-{os.getpid()}"
-        tmp.unlink(missing_ok=True)
-        linked = False
-        if link:
-            try:
-                os.link(source, tmp)
-                linked = True
-            except OSError:
-                linked = False
-        if not linked:
-            await asyncio.to_thread(shutil.copyfile, source, tmp)
+        linked = await asyncio.to_thread(_link_or_copy, source, tmp, link)
         size = os.stat(tmp).st_size
         if not await asyncio.to_thread(hash_file, tmp, etag, size):
             tmp.unlink(missing_ok=True)
@@ -345,16 +350,7 @@ def export_repo(store: LocalBlobStore, index: MetadataIndex, repo: hf.RepoRef, r
         blob = blobs_dir / entry.etag
         if not (blob.is_file() and blob.stat().st_size == entry.size):
             tmp = blobs_dir / f".{entry.etag}.tmp-{os.getpid()}"
-            tmp.unlink(missing_ok=True)
-            linked = False
-            if link:
-                try:
-                    os.link(source, tmp)
-                    linked = True
-                except OSError:
-                    linked = False
-            if not linked:
-                shutil.copyfile(source, tmp)
+            _link_or_copy(source, tmp, link)
             os.replace(tmp, blob)
         link_path = snapshot / entry.path
         link_path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import fcntl
 import json
 import os
 import sys
@@ -19,18 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from mirror import hf
-from mirror.config import ConfigError, Settings
+from mirror.config import ConfigError, Settings, format_size
 from mirror.errors import BadRequest
 
 _SETTINGS_DESTS: set[str] = set()
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} PB"
 
 
 def _when(ts: float) -> str:
@@ -53,22 +44,7 @@ class _Parts:
         self.index = MetadataIndex(settings.cache_dir / "index")
         self.metrics = Metrics()
         self.cache = CacheManager(self.store, self.index, self.metrics, max_size=settings.max_size,
-                                  is_busy=self.lease_held)
-
-    def lease_held(self, etag: str) -> bool:
-        """A fill (in any process on this host) holds the blob's lease: leave the blob alone."""
-        path = self.store.partials_dir / f"{etag}.lease"
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
-        return False
+                                  is_busy=self.store.lease_held)
 
     def close(self) -> None:
         self.index.close()
@@ -119,11 +95,11 @@ async def _ls(parts: _Parts, args: argparse.Namespace) -> int:
         commits = set(row["commits"])
         revisions = ", ".join(f"{rev}={c[:7]}" for rev, c in row["revisions"].items() if c in commits or not commits)
         table.add_row(row["repo"], revisions or "-", ", ".join(c[:7] for c in row["commits"]) or "-",
-                      str(row["files"]), _human(row["bytes"]), _when(row["last_access"]),
+                      str(row["files"]), format_size(row["bytes"]), _when(row["last_access"]),
                       "yes" if row["pinned"] else "")
     console = _console()
     console.print(table)
-    console.print(f"{len(rows)} repo(s), {_human(sum(r['bytes'] for r in rows))} "
+    console.print(f"{len(rows)} repo(s), {format_size(sum(r['bytes'] for r in rows))} "
                   "(a blob shared by repos counts in each)")
     return 0
 
@@ -166,16 +142,18 @@ async def _du(parts: _Parts, args: argparse.Namespace) -> int:
     console = _console()
     quota = parts.settings.max_size
     console.print(f"{parts.settings.cache_dir}")
-    console.print(f"  blobs      {len(blobs):>8}  {_human(total):>10}  ({total} bytes)")
-    console.print(f"    pinned             {_human(pinned_bytes):>10}")
-    console.print(f"    unpinned           {_human(total - pinned_bytes):>10}")
+    console.print(f"  blobs      {len(blobs):>8}  {format_size(total):>10}  ({total} bytes)")
+    console.print(f"    pinned             {format_size(pinned_bytes):>10}")
+    console.print(f"    unpinned           {format_size(total - pinned_bytes):>10}")
     for repo_type, size in sorted(by_type.items()):
-        console.print(f"    {repo_type + 's' if not repo_type.startswith('(') else repo_type:<18} {_human(size):>10}")
-    console.print(f"    unreferenced {len(orphan):>5}  {_human(data['unreferenced_bytes']):>10}  (no index entry)")
-    console.print(f"  partials   {len(partials):>8}  {_human(partial_bytes):>10}  (fills in progress or resumable)")
-    console.print(f"  index               {_human(data['index_bytes']):>10}")
+        label = repo_type + "s" if not repo_type.startswith("(") else repo_type
+        console.print(f"    {label:<18} {format_size(size):>10}")
+    console.print(f"    unreferenced {len(orphan):>5}  {format_size(data['unreferenced_bytes']):>10}  (no index entry)")
+    console.print(f"  partials   {len(partials):>8}  {format_size(partial_bytes):>10}  "
+                  "(fills in progress or resumable)")
+    console.print(f"  index               {format_size(data['index_bytes']):>10}")
     if quota:
-        console.print(f"  quota               {_human(quota):>10}  ({100 * total / quota:.0f}% used)")
+        console.print(f"  quota               {format_size(quota):>10}  ({100 * total / quota:.0f}% used)")
     else:
         console.print("  quota               none (set --max-size)")
     return 0
@@ -192,8 +170,8 @@ async def _verify(parts: _Parts, args: argparse.Namespace) -> int:
     for blob in report.corrupt:
         names = ", ".join(f"{t}:{r}" for t, r in sorted(owners.get(blob.etag, set()))) or "no repo"
         action = "kept (--keep)" if args.keep else "removed"
-        console.print(f"CORRUPT {blob.etag} ({_human(blob.size)}, {names}): {action}")
-    console.print(f"verified {report.checked} blobs ({_human(report.checked_bytes)}) in "
+        console.print(f"CORRUPT {blob.etag} ({format_size(blob.size)}, {names}): {action}")
+    console.print(f"verified {report.checked} blobs ({format_size(report.checked_bytes)}) in "
                   f"{time.monotonic() - started:.1f}s: {len(report.corrupt)} corrupt"
                   + ("" if not report.corrupt or args.keep else "; they are fetched again on the next request"))
     return 1 if report.corrupt else 0
@@ -214,7 +192,7 @@ async def _rm(parts: _Parts, args: argparse.Namespace) -> int:
         print(f"{repo.key} is not in the cache", file=sys.stderr)
         return 1
     removed, freed = await parts.cache.remove_repo(repo)
-    print(f"removed {repo.key}: {removed} blobs, {_human(freed)} ({freed} bytes); its index entries are gone"
+    print(f"removed {repo.key}: {removed} blobs, {format_size(freed)} ({freed} bytes); its index entries are gone"
           + (" (blobs shared with other repos or being filled were kept)" if known else ""))
     if pinned:
         print(f"note: {repo.key} was pinned by a sync manifest: the next sync fetches it again unless you remove "
@@ -227,12 +205,13 @@ async def _gc(parts: _Parts, args: argparse.Namespace) -> int:
     swept = await parts.cache.sweep_partials()
     report = await parts.cache.collect(limit)
     if limit:
-        print(f"gc: evicted {report.evicted} blobs ({_human(report.freed_bytes)}); cache is now "
-              f"{_human(report.total_bytes)} of a {_human(limit)} quota; {swept} stale partial file(s) removed")
+        print(f"gc: evicted {report.evicted} blobs ({format_size(report.freed_bytes)}); cache is now "
+              f"{format_size(report.total_bytes)} of a {format_size(limit)} quota; "
+              f"{swept} stale partial file(s) removed")
         if report.total_bytes > limit:
             print("gc: still over the quota: the rest is pinned or being filled", file=sys.stderr)
     else:
-        print(f"gc: no quota set (--max-size): nothing evicted; cache is {_human(report.total_bytes)}; "
+        print(f"gc: no quota set (--max-size): nothing evicted; cache is {format_size(report.total_bytes)}; "
               f"{swept} stale partial file(s) removed")
     return 0
 
@@ -250,7 +229,7 @@ async def _import(parts: _Parts, args: argparse.Namespace) -> int:
     for line in report.skipped:
         print(f"skipped: {line}", file=sys.stderr)
     print(f"import: {len(report.repos)} repo(s), {report.files} files; {report.blobs_added} blobs added "
-          f"({_human(report.bytes_added)}, {report.linked} hardlinked), {report.blobs_present} already cached; "
+          f"({format_size(report.bytes_added)}, {report.linked} hardlinked), {report.blobs_present} already cached; "
           f"{report.refs} refs; {len(report.corrupt)} corrupt blob(s) not imported")
     if not report.repos:
         print(f"no huggingface_hub repo folders ({{models,datasets,spaces}}--ns--name) under {path}",
@@ -284,7 +263,7 @@ async def _export(parts: _Parts, args: argparse.Namespace) -> int:
         return 1
     for path in report.missing:
         print(f"not cached, not exported: {path}", file=sys.stderr)
-    print(f"exported {repo.key}@{revision} (commit {report.commit}): {report.files} files, {_human(report.bytes)} "
+    print(f"exported {repo.key}@{revision} (commit {report.commit}): {report.files} files, {format_size(report.bytes)} "
           f"-> {report.folder}")
     if report.missing:
         print(f"export: {len(report.missing)} file(s) of the commit are not cached and were left out (sync or "

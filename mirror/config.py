@@ -42,6 +42,15 @@ def parse_size(value: str | int | None) -> int | None:
     return int(number * multiplier) or None
 
 
+def format_size(n: float) -> str:
+    """A byte count for people, in decimal units: ``512 B``, ``1.5 MB``, ``2.0 TB`` (``parse_size`` reads it back)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every knob of the mirror. Field names are the TOML keys and, upper-cased, the env var suffixes."""

@@ -39,7 +39,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 import httpx
 
 from mirror import hf
-from mirror.config import ConfigError, Settings
+from mirror.config import ConfigError, Settings, format_size
 from mirror.errors import BadRequest, HubError, MirrorError
 from mirror.fill import Fill, FillManager, FillSpec
 
@@ -229,14 +229,6 @@ def tree_files(entries: list[dict[str, Any]]) -> list[RemoteFile]:
     return files
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
 def _error_text(exc: BaseException) -> str:
     if isinstance(exc, HubError):
         return f"{exc.status} {exc.code or ''}: {exc.message}".replace("  ", " ")
@@ -274,7 +266,7 @@ class PlainReporter:
 
     def file_started(self, key: str, label: str, size: int) -> None:
         self._started[key] = time.monotonic()
-        self._print(f"fetching {label} ({_human(size)})")
+        self._print(f"fetching {label} ({format_size(size)})")
 
     def file_progress(self, key: str, done: int) -> None:
         pass
@@ -759,7 +751,7 @@ async def _plan(backend: Backend, job: RevisionJob, reporter: Reporter) -> None:
     if job.note and job.note.startswith(("upstream unreachable", "mirror's upstream")):
         job.error = job.note
     reporter.info(f"{job.label} -> {job.commit[:12] if job.commit else '?'}: {len(job.files)} files, "
-                  f"{len(job.missing)} to fetch ({_human(sum(f.size for f in job.missing))})")
+                  f"{len(job.missing)} to fetch ({format_size(sum(f.size for f in job.missing))})")
 
 
 async def run_sync(manifest: Manifest, backend: Backend, reporter: Reporter, *, concurrency: int,
@@ -787,15 +779,15 @@ async def run_sync(manifest: Manifest, backend: Backend, reporter: Reporter, *, 
     if dry_run:
         for job, item in work.values():
             partial = backend.partial_bytes(item)
-            extra = f", {_human(partial)} already in a partial file" if partial else ""
-            reporter.info(f"would fetch {job.label} {item.path} ({_human(item.size)}{extra})")
+            extra = f", {format_size(partial)} already in a partial file" if partial else ""
+            reporter.info(f"would fetch {job.label} {item.path} ({format_size(item.size)}{extra})")
         return SyncResult(jobs, 0, 0, len(work), to_fetch_bytes, True, time.monotonic() - started)
     if not work:
         reporter.info(f"nothing to fetch: all {sum(len(j.files) for j in jobs)} selected files of "
                       f"{len(jobs)} revision(s) are cached")
         return SyncResult(jobs, 0, 0, 0, 0, False, time.monotonic() - started)
 
-    reporter.info(f"fetching {len(work)} files, {_human(to_fetch_bytes)} with concurrency {concurrency}")
+    reporter.info(f"fetching {len(work)} files, {format_size(to_fetch_bytes)} with concurrency {concurrency}")
     reporter.start(sum(item.size for _, item in work.values()))
     limit = asyncio.Semaphore(max(1, concurrency))
     fetched_files = 0
@@ -817,7 +809,7 @@ async def run_sync(manifest: Manifest, backend: Backend, reporter: Reporter, *, 
             if got is None:
                 reporter.file_finished(etag, label, True, "already cached")
                 return
-            reporter.file_finished(etag, label, True, _human(got))
+            reporter.file_finished(etag, label, True, format_size(got))
             fetched_files += 1
             job.fetched_bytes += got
             for sharer in sharers[etag]:
@@ -855,14 +847,14 @@ def print_summary(result: SyncResult, *, pins_note: str | None = None) -> None:
         count = len(job.missing) if result.dry_run else job.fetched
         size = sum(f.size for f in job.missing) if result.dry_run else job.fetched_bytes
         table.add_row(job.spec.label, job.revision, (job.commit or "-")[:12], str(len(job.files)), str(count),
-                      _human(size), status)
+                      format_size(size), status)
     console.print(table)
     if result.dry_run:
         console.print(f"dry run: {result.to_fetch_files} files, {result.to_fetch_bytes} bytes "
-                      f"({_human(result.to_fetch_bytes)}) to fetch", highlight=False)
+                      f"({format_size(result.to_fetch_bytes)}) to fetch", highlight=False)
     else:
         console.print(f"fetched {result.fetched_files} files, {result.fetched_bytes} bytes "
-                      f"({_human(result.fetched_bytes)}) in {result.elapsed:.1f}s; "
+                      f"({format_size(result.fetched_bytes)}) in {result.elapsed:.1f}s; "
                       f"{len(result.failed)} of {len(result.jobs)} revision(s) failed", highlight=False)
     if pins_note:
         console.print(pins_note, highlight=False)

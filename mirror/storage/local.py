@@ -132,26 +132,36 @@ class LocalBlobStore:
         finally:
             os.close(fd)
 
-    async def read_lease(self, etag: str) -> Lease | None:
-        path = self._lease_path(etag)
+    def _held_lease_record(self, etag: str) -> bytes | None:
+        """The lease file's record while a live process (this one included) holds its flock; None when nobody
+        does. Sync: the kernel answers at once."""
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(self._lease_path(etag), os.O_RDONLY)
         except FileNotFoundError:
             return None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                raw = os.pread(fd, 4096, 0)
-                try:
-                    owner = json.loads(raw or b"{}").get("owner", "?")
-                except ValueError:
-                    owner = "?"
-                return Lease(etag, owner, float("inf"))
+                return os.pread(fd, 4096, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
             return None  # nobody holds it: a leftover file of a dead filler
         finally:
             os.close(fd)
+
+    def lease_held(self, etag: str) -> bool:
+        """A fill (in any process on this host) holds the blob's lease: leave the blob alone."""
+        return self._held_lease_record(etag) is not None
+
+    async def read_lease(self, etag: str) -> Lease | None:
+        raw = self._held_lease_record(etag)
+        if raw is None:
+            return None
+        try:
+            owner = json.loads(raw or b"{}").get("owner", "?")
+        except ValueError:
+            owner = "?"
+        return Lease(etag, owner, float("inf"))
 
 
 def _same_file(fd: int, path: Path) -> bool:
