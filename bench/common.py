@@ -3,6 +3,7 @@ tools (curl for bytes, ab for request rates), peak-RSS sampling, medians and the
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -22,11 +23,32 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
+from mirror.config import parse_size as _parse_config_size  # noqa: E402
 from tests.hub_emulator.runner import EmulatorHandle, run_emulator  # noqa: E402
 from tests.mirror_proc import MirrorProcess, free_port  # noqa: E402
 
 BIG_REPO = "acme/big-data"
 BIG_PATH = f"/datasets/{BIG_REPO}/resolve/main/big.bin"
+
+
+# --- command line ----------------------------------------------------------------------------------------------
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, *, workers_help: str | None = None,
+                         head_seconds: bool = False) -> None:
+    """``--size``, ``--runs``, ``--workers``, (``--head-seconds``), ``--json``: what every benchmark takes."""
+    parser.add_argument("--size", default="1G", help="file size, e.g. 1G, 64M (default 1G)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=1, help=workers_help)
+    if head_seconds:
+        parser.add_argument("--head-seconds", type=int, default=10)
+    parser.add_argument("--json")
+
+
+def parse_size(text: str) -> int:
+    """``--size``: ``1G`` and ``64M`` mean GiB and MiB; other values go to ``mirror.config.parse_size`` as they
+    are (``512K`` is 512000), but any value with a G or M in it must be written that short way."""
+    return _parse_config_size(text.replace("G", "GiB").replace("M", "MiB")) or 0
 
 
 def ensure_tools() -> None:
@@ -232,6 +254,13 @@ class Report:
 def write_json(path: str | None, reports: list[Report], meta: dict[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps({"meta": meta, "reports": [r.to_json() for r in reports]}, indent=2))
+
+
+def print_and_save(reports: list[Report], args: argparse.Namespace, size: int) -> None:
+    """Print every table; with ``--json``, write them and the run's parameters."""
+    for report in reports:
+        report.print()
+    write_json(args.json, reports, {**machine(), "size": size, "runs": args.runs, "workers": args.workers})
 
 
 def machine() -> dict[str, Any]:

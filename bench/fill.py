@@ -15,16 +15,15 @@ from common import (
     BIG_REPO,
     PeakRss,
     Report,
+    add_common_arguments,
     emulator,
     ensure_tools,
-    machine,
     median_of,
     mirror,
     parallel_get,
-    write_json,
+    parse_size,
+    print_and_save,
 )
-
-from mirror.config import parse_size
 
 
 def run(size: int, runs: int, workers: int, herd: int = 20) -> list[Report]:
@@ -75,17 +74,11 @@ def run(size: int, runs: int, workers: int, herd: int = 20) -> list[Report]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", default="1G", help="file size, e.g. 1G, 64M (default 1G)")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--json")
+    add_common_arguments(parser)
     args = parser.parse_args()
     ensure_tools()
-    size = parse_size(args.size.replace("G", "GiB").replace("M", "MiB")) or 0
-    reports = run(size, args.runs, args.workers)
-    for report in reports:
-        report.print()
-    write_json(args.json, reports, {**machine(), "size": size, "runs": args.runs, "workers": args.workers})
+    size = parse_size(args.size)
+    print_and_save(run(size, args.runs, args.workers), args, size)
 
 
 if __name__ == "__main__":

@@ -6,25 +6,17 @@ import argparse
 
 import fill
 import serve
-from common import ensure_tools, machine, write_json
-
-from mirror.config import parse_size
+from common import add_common_arguments, ensure_tools, parse_size, print_and_save
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--size", default="1G", help="file size, e.g. 1G, 64M (default 1G)")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=1, help="mirror workers and nginx worker_processes")
-    parser.add_argument("--head-seconds", type=int, default=10)
-    parser.add_argument("--json")
+    add_common_arguments(parser, workers_help=serve.WORKERS_HELP, head_seconds=True)
     args = parser.parse_args()
     ensure_tools()
-    size = parse_size(args.size.replace("G", "GiB").replace("M", "MiB")) or 0
+    size = parse_size(args.size)
     reports = serve.run(size, args.runs, args.workers, args.head_seconds) + fill.run(size, args.runs, args.workers)
-    for report in reports:
-        report.print()
-    write_json(args.json, reports, {**machine(), "size": size, "runs": args.runs, "workers": args.workers})
+    print_and_save(reports, args, size)
 
 
 if __name__ == "__main__":
