@@ -17,11 +17,12 @@ import hashlib
 import io
 import json
 import random
-from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
+
+from mirror.asgi import Receive, Scope, Send, answer_lifespan, read_body, send_response
 
 MODEL_REPO = "demo/tiny-tokenizer"
 DATASET_REPO = "demo/tiny-text"
@@ -32,10 +33,6 @@ _WORDS = (
     "the a of to and in is it that for on with as at by from this we they data load read write time rate"
 ).split()
 _SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 @dataclass
@@ -175,24 +172,13 @@ class SampleHub:
         self.repos = repos
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        if await answer_lifespan(scope, receive, send):
             return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await read_body(receive)
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         status, out_headers, payload = self.handle(scope["method"], scope["raw_path"].decode(),
                                                    scope.get("query_string", b"").decode(), headers, body)
-        out_headers.setdefault("content-length", str(len(payload)))
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(k.encode(), v.encode()) for k, v in out_headers.items()]})
-        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else payload})
+        await send_response(send, scope["method"], status, out_headers, payload)
 
     def handle(self, method: str, raw: str, query: str, headers: dict[str, str],
                body: bytes) -> tuple[int, dict[str, str], bytes]:

@@ -17,11 +17,11 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote
 
+from mirror.asgi import Receive, Scope, Send, answer_lifespan, read_body, send_response
 from tests.hub_emulator.fixtures import (
     CREATED_AT,
     LAST_MODIFIED,
@@ -32,9 +32,6 @@ from tests.hub_emulator.fixtures import (
     RepoFile,
 )
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Headers = dict[str, str]
 TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
 API_ACTIONS = ("revision", "tree", "paths-info", "refs", "commits", "xet-read-token", "xet-write-token")
@@ -87,17 +84,9 @@ class Emulator:
     # --- ASGI --------------------------------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        if await answer_lifespan(scope, receive, send):
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         method, raw = scope["method"], scope["raw_path"].decode("latin-1")
         query = parse_qs(scope.get("query_string", b"").decode(), keep_blank_values=True)
@@ -118,10 +107,7 @@ class Emulator:
                 await self.hub_faults()
                 file, start, end, status, out = self.hub(method, raw, query, headers, body)
         except Response as answer:
-            answer.headers.setdefault("content-length", str(len(answer.body)))
-            await send({"type": "http.response.start", "status": answer.status,
-                        "headers": [(k.encode(), v.encode()) for k, v in answer.headers.items()]})
-            await send({"type": "http.response.body", "body": b"" if method == "HEAD" else answer.body})
+            await send_response(send, method, answer.status, answer.headers, answer.body)
             return
         await self.send_file(send, method, file, start, end, status, out)
 

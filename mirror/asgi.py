@@ -1,0 +1,34 @@
+"""ASGI plumbing for small apps that read the whole request and answer with a whole body: the demo's sample Hub
+(``mirror.sample_hub``) and the test suite's Hub emulator. The mirror's own routes stream and do not use it."""
+
+from __future__ import annotations
+
+from mirror.routes.common import Receive, Scope, Send
+
+
+async def answer_lifespan(scope: Scope, receive: Receive, send: Send) -> bool:
+    """Run the lifespan protocol to its end when ``scope`` is a lifespan scope: True then (the app returns)."""
+    if scope["type"] != "lifespan":
+        return False
+    while (await receive())["type"] != "lifespan.shutdown":
+        await send({"type": "lifespan.startup.complete"})
+    await send({"type": "lifespan.shutdown.complete"})
+    return True
+
+
+async def read_body(receive: Receive) -> bytes:
+    """The request body, all of it."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+async def send_response(send: Send, method: str, status: int, headers: dict[str, str], body: bytes) -> None:
+    """Answer with ``body`` (no body for HEAD); sets ``content-length`` in ``headers`` unless it is there."""
+    headers.setdefault("content-length", str(len(body)))
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(k.encode(), v.encode()) for k, v in headers.items()]})
+    await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
