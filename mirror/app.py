@@ -25,6 +25,7 @@ from mirror.errors import HeadersTooLarge, MethodNotAllowed, MirrorError
 from mirror.fill import FillManager
 from mirror.gc import CacheManager
 from mirror.index import MetadataIndex
+from mirror.logs import AccessLog
 from mirror.metrics import Metrics
 from mirror.routes import ops
 from mirror.routes.api import ApiHandler
@@ -34,7 +35,6 @@ from mirror.service import MirrorService
 from mirror.storage import open_store
 from mirror.upstream import UpstreamClient
 
-access_log = logging.getLogger("hf_mirror.access")
 log = logging.getLogger("hf_mirror")
 # Real clients send about 1 KiB; a JWT a few. nginx's default front refuses lines over 8 KiB.
 _MAX_HEADER_BYTES = 32 * 1024
@@ -94,6 +94,8 @@ class MirrorApp:
         self.metrics = Metrics()
         self.mirror: Mirror | None = None
         self.auth = MirrorAuth(settings)
+        self.access_log = (AccessLog(settings.log_format, (settings.upstream_token or "",))
+                           if settings.access_log else None)
         self.fastapi = FastAPI(title="hf-mirror", version="0.1.0", lifespan=self._lifespan)
         ops.install(self.fastapi, self.metrics, self._status)
 
@@ -107,6 +109,8 @@ class MirrorApp:
             yield
         finally:
             await self.mirror.close()
+            if self.access_log is not None:
+                self.access_log.flush()
 
     async def _status(self) -> dict[str, Any]:
         assert self.mirror is not None
@@ -137,11 +141,9 @@ class MirrorApp:
         outward = send_logged if self.settings.access_log else send
         scope["hf_mirror.raw_send"] = send
         outcome = await self._dispatch(scope, receive, outward)
-        if self.settings.access_log:
-            access_log.info(
-                "%s %s %s %s %.1fms", request_id, scope["method"], scope.get("path", ""), status_box[0] or "-",
-                (time.perf_counter() - started) * 1000, extra={"outcome": outcome, "request_id": request_id},
-            )
+        if self.access_log is not None:
+            self.access_log.write(request_id, scope["method"], scope.get("path", ""), status_box[0] or "-",
+                                  (time.perf_counter() - started) * 1000, outcome)
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> str:
         assert self.mirror is not None

@@ -20,8 +20,11 @@ import asyncio
 import hashlib
 import logging
 import os
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,12 +34,16 @@ from mirror import hf
 from mirror.errors import IntegrityError, MirrorError, UpstreamUnavailable
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobStore
-from mirror.upstream import UpstreamClient, UrlExpired
+from mirror.upstream import BulkBody, UpstreamClient, UrlExpired, bulk_body
 
 log = logging.getLogger("hf_mirror.fill")
 
 _FOLLOW_POLL = 0.02  # seconds between looks at a partial file another process writes
 _MAX_ATTEMPTS_WITHOUT_PROGRESS = 6
+# Hashing runs beside the socket reads and disk writes (hashlib drops the GIL on large blocks), so a fill costs
+# max(read + write, hash) instead of their sum.
+_HASH_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fill-hash")
+_COPY_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fill-copy")  # one thread per running fill
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,7 @@ class Fill:
         self.partial = partial
         self.written = 0
         self.committed: Path | None = None
+        self.verified = False  # every byte written and hashed against the etag: readers may take the last byte
         self.error: BaseException | None = None
         self.readers = 0
         self.task: asyncio.Task[None] | None = None
@@ -112,6 +120,10 @@ class Fill:
             self.written = self.spec.size
         self._wake()
 
+    def verify(self) -> None:
+        self.verified = True
+        self._wake()
+
     def _wake(self) -> None:
         event, self._progress = self._progress, asyncio.Event()
         event.set()
@@ -122,8 +134,11 @@ class Fill:
             await self._progress.wait()
 
     def readable_end(self) -> int:
-        """Bytes a reader may take: all when committed; else all but the last, which waits for verification."""
-        if self.committed is not None:
+        """Bytes a reader may take: all once verified; before, all but the last, which waits for verification.
+
+        The last byte does not wait for the commit's fsync: the bytes in the page cache are the ones just hashed.
+        """
+        if self.verified or self.committed is not None:
             return self.spec.size
         return min(self.written, max(self.spec.size - 1, 0))
 
@@ -189,36 +204,35 @@ class FillManager:
 
     # --- readers ---------------------------------------------------------------------------------------------------
 
-    async def read(self, fill: Fill, start: int, end: int) -> AsyncIterator[bytes]:
-        """Stream bytes ``start..end`` (inclusive) of a blob while it fills."""
-        fill.readers += 1
-        fd: int | None = None
-        try:
+    @asynccontextmanager
+    async def reading(self, fill: Fill) -> AsyncIterator[int]:
+        """An fd on the fill's bytes (the partial file; its inode becomes the blob), counted as one reader.
+
+        When the last reader of a non-detached fill leaves before it ends, the fill is cancelled.
+        """
+        fd = self._open_partial_or_blob(fill)
+        if fd is None:
+            await fill.wait_beyond(0)
             fd = self._open_partial_or_blob(fill)
-            position = start
-            while position <= end:
-                await fill.wait_beyond(position)
-                if fill.error is not None:
-                    raise fill.error
-                if fd is None:
-                    fd = self._open_partial_or_blob(fill)
-                    if fd is None:
-                        raise MirrorError("partial file vanished")
-                limit = min(fill.readable_end(), end + 1)
-                while position < limit:
-                    count = min(self.chunk_size, limit - position)
-                    data = await asyncio.to_thread(os.pread, fd, count, position)
-                    if not data:
-                        break
-                    position += len(data)
-                    yield data
+            if fd is None:
+                raise fill.error or MirrorError("partial file vanished")
+        fill.readers += 1
+        try:
+            yield fd
         finally:
             fill.readers -= 1
-            if fd is not None:
-                os.close(fd)
+            os.close(fd)
             if fill.readers == 0 and self.cancel_on_disconnect and not fill.spec.detached and not fill.finished:
                 if fill.task is not None:
                     fill.task.cancel()
+
+    @staticmethod
+    async def readable(fill: Fill, position: int) -> int:
+        """Wait until bytes beyond ``position`` may be read; returns the readable end (exclusive)."""
+        await fill.wait_beyond(position)
+        if fill.error is not None:
+            raise fill.error
+        return fill.readable_end()
 
     def _open_partial_or_blob(self, fill: Fill) -> int | None:
         for path in (fill.partial, fill.committed):
@@ -294,17 +308,15 @@ class FillManager:
                 before = offset
                 try:
                     async with self.upstream.stream_file(
-                        spec.repo, spec.commit, spec.path, spec.token, start=offset, cdn_url=cdn_url
+                        spec.repo, spec.commit, spec.path, spec.token, start=offset, cdn_url=cdn_url, bulk=True
                     ) as (response, final_url):
                         if final_url != self.upstream.base + spec.repo.resolve_path(spec.commit, spec.path):
                             cdn_url = final_url
-                        async for chunk in response.aiter_raw(self.chunk_size):
-                            if offset + len(chunk) > spec.size:
-                                raise IntegrityError(f"upstream sent more than {spec.size} bytes for {spec.path}")
-                            await asyncio.to_thread(_write_and_hash, fd, chunk, offset, hasher)
-                            offset += len(chunk)
-                            self.metrics.bytes_fetched.inc(len(chunk))
-                            fill.advance(offset)
+                        cursor = _Cursor(offset)
+                        try:
+                            await self._pump(fill, bulk_body(response), fd, cursor, hasher)
+                        finally:
+                            offset = cursor.offset
                     if offset < spec.size:
                         raise UpstreamUnavailable(f"upstream closed after {offset} of {spec.size} bytes")
                 except UrlExpired:
@@ -326,6 +338,7 @@ class FillManager:
                 os.ftruncate(fd, 0)
                 partial.unlink(missing_ok=True)
                 raise IntegrityError(f"{spec.repo.key} {spec.path}: content does not match etag {spec.etag}")
+            fill.verify()
         finally:
             os.close(fd)
         committed = await self.store.commit(spec.etag, partial)
@@ -333,13 +346,68 @@ class FillManager:
         log.info("committed %s %s (%d bytes) as %s", spec.repo.key, spec.path, spec.size, spec.etag)
 
 
-def _write_and_hash(fd: int, chunk: bytes, offset: int, hasher: BlobHasher) -> None:
-    view = memoryview(chunk)
+    async def _pump(self, fill: Fill, body: BulkBody, fd: int, cursor: _Cursor, hasher: BlobHasher) -> None:
+        """Copy the body into the partial file in a worker thread, announcing progress to the readers.
+
+        The thread owns ``fd`` until it returns: on cancellation it is told to stop and awaited, never abandoned.
+        """
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+
+        def progress(offset: int) -> None:
+            self.metrics.bytes_fetched.inc(offset - cursor.reported)
+            cursor.reported = offset
+            loop.call_soon_threadsafe(fill.advance, offset)
+
+        def run() -> None:
+            _copy_body(body, fd, cursor, fill.spec.size, hasher, self.chunk_size, stop, progress)
+
+        done = asyncio.wrap_future(_COPY_POOL.submit(run))
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            stop.set()
+            body.abort()
+            await asyncio.wait([done])
+            raise
+
+
+class _Cursor:
+    """How far a copy thread got, readable after it ends however it ended."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self.reported = offset
+
+
+def _copy_body(body: BulkBody, fd: int, cursor: _Cursor, size: int, hasher: BlobHasher, chunk_size: int,
+               stop: threading.Event, progress: Callable[[int], None]) -> None:
+    """Blocking: socket → partial file, hashing each block beside the next read. Stops at ``size`` or at EOF."""
+    pending: Future[None] | None = None
+    try:
+        while cursor.offset < size and not stop.is_set():
+            data = body.read(min(chunk_size, size - cursor.offset + 1))  # +1: notice an upstream that sends more
+            if not data:
+                break
+            if cursor.offset + len(data) > size:
+                raise IntegrityError(f"upstream sent more than {size} bytes")
+            _write_all(fd, data, cursor.offset)
+            if pending is not None:
+                pending.result()
+            pending = _HASH_POOL.submit(hasher.update, data)
+            cursor.offset += len(data)
+            progress(cursor.offset)
+    finally:
+        if pending is not None:
+            pending.result()
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, offset)
         view = view[written:]
         offset += written
-    hasher.update(chunk)
 
 
 def _resume_offset(fd: int, size: int, hasher: BlobHasher, chunk_size: int) -> int:

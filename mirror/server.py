@@ -12,12 +12,28 @@ import os
 from pathlib import Path
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from mirror.app import MirrorApp, create_app
 from mirror.config import Settings
 from mirror.logs import setup_logging
 
 _SETTINGS_ENV = "HF_MIRROR__SETTINGS"
+
+
+class HttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with keep-alive for HTTP/1.0 clients that ask for it, as nginx grants it.
+
+    uvicorn closes every HTTP/1.0 connection after one response; load tools such as ``ab`` speak 1.0 with
+    ``Connection: keep-alive`` and would otherwise measure TCP handshakes instead of the mirror.
+    """
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and self.scope.get("http_version") == "1.0" and self.parser.should_keep_alive():
+            cycle.keep_alive = True
+            cycle.default_headers = [*cycle.default_headers, (b"connection", b"keep-alive")]
 
 
 def _to_json(settings: Settings) -> str:
@@ -48,7 +64,7 @@ def serve(settings: Settings) -> None:
         timeout_graceful_shutdown=int(settings.shutdown_grace) + 5, h11_max_incomplete_event_size=64 * 1024,
         ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
         ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
-        server_header=False,
+        server_header=False, http=HttpProtocol,
     )
     if settings.workers > 1:
         os.environ[_SETTINGS_ENV] = _to_json(settings)

@@ -19,7 +19,7 @@ from mirror.fill import FillManager
 from mirror.index import FileEntry
 from mirror.metrics import Metrics
 from mirror.routes.common import Receive, Scope, Send, header, parse_range, send_error
-from mirror.routes.sendfile import send_file_range
+from mirror.routes.sendfile import send_fd_range, send_file_range
 from mirror.service import MirrorService, ResolvedFile
 from mirror.upstream import UpstreamClient
 
@@ -119,7 +119,13 @@ class ResolveHandler:
                 if start > fill.written + _RANGE_PASSTHROUGH_GAP:
                     await self._send_upstream_range(send, resolved, caller, start, end, disconnected)
                 else:
-                    await self._send_from_fill(send, fill, start, end, disconnected)
+                    async with self.fills.reading(fill) as fd:
+                        sent = await send_fd_range(
+                            send, fd, start, length, self.chunk_size, disconnected,
+                            raw_send=scope.get("hf_mirror.raw_send"),
+                            available=functools.partial(self.fills.readable, fill),
+                        )
+                    self.metrics.bytes_served.labels(source="fill").inc(sent)
         except Exception as exc:  # noqa: BLE001 - headers are gone: the only honest signal left is a cut connection
             # Returning with the body incomplete makes the server close the connection: the client sees a
             # truncated transfer (and resumes with Range), never a short file that looks whole.
@@ -128,19 +134,6 @@ class ResolveHandler:
         finally:
             watcher.cancel()
         return outcome
-
-    async def _send_from_fill(self, send: Send, fill: object, start: int, end: int,
-                              disconnected: asyncio.Event) -> None:
-        chunks = self.fills.read(fill, start, end)  # type: ignore[arg-type]
-        try:
-            async for data in chunks:
-                if disconnected.is_set():
-                    return
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-                self.metrics.bytes_served.labels(source="fill").inc(len(data))
-        finally:
-            await chunks.aclose()
-        await send({"type": "http.response.body", "body": b""})
 
     async def _send_upstream_range(self, send: Send, resolved: ResolvedFile, caller: Caller, start: int, end: int,
                                    disconnected: asyncio.Event) -> None:

@@ -5,6 +5,9 @@ cycle, which knows the connection's transport. When the headers are out and the 
 socket is ours until the body ends: a worker thread then calls ``os.sendfile`` on it (waiting with ``select`` when
 the socket is full), and the cycle is told the body is complete. Anything unusual (TLS, another server, a wrapped
 ``send``) takes the portable path: ``os.pread`` of large chunks, sent as ASGI body messages.
+
+A file still being filled is sent the same way, in segments: ``available`` says how far the bytes go and waits
+for more, so followers of a fill cost the process no more than readers of a committed blob.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import select
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from mirror.routes.common import Send
@@ -19,6 +23,9 @@ from mirror.routes.common import Send
 _SENDFILE_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="sendfile")
 _SENDFILE_MIN = 256 * 1024  # below this, one pread + write is cheaper than the handoff
 _SELECT_TIMEOUT = 30.0  # a client that reads nothing for this long is dropped
+
+# position -> the end (exclusive) of the bytes readable now, after waiting for some beyond ``position``.
+Available = Callable[[int], Awaitable[int]]
 
 
 class _ZeroCopy:
@@ -51,31 +58,43 @@ async def send_file_range(send: Send, path: str, start: int, length: int, chunk_
     """
     fd = os.open(path, os.O_RDONLY)
     try:
-        zero_copy = _ZeroCopy.probe(raw_send or send) if length >= _SENDFILE_MIN else None
-        if zero_copy is not None:
-            sent = await _sendfile(zero_copy, send, fd, start, length)
-            if sent is not None:
-                return sent
-        return await _pread_loop(send, fd, start, length, chunk_size, disconnected)
+        return await send_fd_range(send, fd, start, length, chunk_size, disconnected, raw_send)
     finally:
         os.close(fd)
 
 
+async def send_fd_range(send: Send, fd: int, start: int, length: int, chunk_size: int, disconnected: asyncio.Event,
+                        raw_send: Send | None = None, available: Available | None = None) -> int:
+    """Like :func:`send_file_range` for an open fd; with ``available``, of a file that is still growing."""
+    zero_copy = _ZeroCopy.probe(raw_send or send) if length >= _SENDFILE_MIN else None
+    if zero_copy is not None:
+        sent = await _sendfile(zero_copy, send, fd, start, length, available)
+        if sent is not None:
+            return sent
+    return await _pread_loop(send, fd, start, length, chunk_size, disconnected, available)
+
+
+async def _segment_end(position: int, end: int, available: Available | None) -> int:
+    return end if available is None else min(await available(position), end)
+
+
 async def _pread_loop(send: Send, fd: int, start: int, length: int, chunk_size: int,
-                      disconnected: asyncio.Event) -> int:
-    sent = 0
+                      disconnected: asyncio.Event, available: Available | None) -> int:
+    position, end = start, start + length
     loop = asyncio.get_running_loop()
-    while sent < length and not disconnected.is_set():
-        count = min(chunk_size, length - sent)
-        data = await loop.run_in_executor(_SENDFILE_POOL, os.pread, fd, count, start + sent)
+    while position < end and not disconnected.is_set():
+        limit = await _segment_end(position, end, available)
+        count = min(chunk_size, limit - position)
+        data = await loop.run_in_executor(_SENDFILE_POOL, os.pread, fd, count, position)
         if not data:
-            raise OSError(f"file shrank while being sent ({sent} of {length} bytes)")
-        sent += len(data)
-        await send({"type": "http.response.body", "body": data, "more_body": sent < length})
-    return sent
+            raise OSError(f"file shrank while being sent ({position - start} of {length} bytes)")
+        position += len(data)
+        await send({"type": "http.response.body", "body": data, "more_body": position < end})
+    return position - start
 
 
-async def _sendfile(zc: _ZeroCopy, send: Send, fd: int, start: int, length: int) -> int | None:
+async def _sendfile(zc: _ZeroCopy, send: Send, fd: int, start: int, length: int,
+                    available: Available | None) -> int | None:
     transport = zc.transport
     # Wait for the headers (and anything else queued) to leave uvicorn's buffer: then the socket is ours.
     for _ in range(1000):
@@ -87,14 +106,25 @@ async def _sendfile(zc: _ZeroCopy, send: Send, fd: int, start: int, length: int)
     if transport.is_closing():  # type: ignore[attr-defined]
         return 0
     loop = asyncio.get_running_loop()
-    sent = await loop.run_in_executor(_SENDFILE_POOL, _sendfile_blocking, zc.sock_fd, fd, start, length)
+    position, end = start, start + length
+    try:
+        while position < end:
+            limit = await _segment_end(position, end, available)
+            count = limit - position
+            sent = await loop.run_in_executor(_SENDFILE_POOL, _sendfile_blocking, zc.sock_fd, fd, position, count)
+            position += sent
+            if sent < count:
+                break  # the client went away mid-body
+    except BaseException:
+        transport.close()  # type: ignore[attr-defined]  # the body cannot be finished: cut it, never fake its end
+        raise
     # Tell uvicorn the body is complete, so its Content-Length bookkeeping and keep-alive carry on.
     zc.cycle.expected_content_length = 0  # type: ignore[attr-defined]
-    if sent < length:
-        transport.close()  # type: ignore[attr-defined]  # the client went away mid-body
-        return sent
+    if position < end:
+        transport.close()  # type: ignore[attr-defined]
+        return position - start
     await send({"type": "http.response.body", "body": b"", "more_body": False})
-    return sent
+    return length
 
 
 def _sendfile_blocking(sock_fd: int, fd: int, start: int, length: int) -> int:
