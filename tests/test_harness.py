@@ -64,6 +64,7 @@ def test_bench_unreachable_endpoint_fails_clearly(tmp_path: Path) -> None:
     assert not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not _has_cuda(), reason="needs torch with a CUDA device")
 @pytest.mark.timeout(120)
 def test_demo_on_gpu_measures_h2d(tmp_path: Path) -> None:
