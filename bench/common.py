@@ -46,9 +46,11 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, workers_help: str |
 
 
 def parse_size(text: str) -> int:
-    """``--size``: ``1G`` and ``64M`` mean GiB and MiB; other values go to ``mirror.config.parse_size`` as they
-    are (``512K`` is 512000), but any value with a G or M in it must be written that short way."""
-    return _parse_config_size(text.replace("G", "GiB").replace("M", "MiB")) or 0
+    """``--size``: a bare ``1G``/``64M``/``512K`` means GiB/MiB/KiB (file sizes); ``1GB``, ``1GiB`` are as written."""
+    short = re.fullmatch(r"\s*([\d.]+)\s*([KMGT])\s*", text, flags=re.IGNORECASE)
+    if short:
+        text = f"{short.group(1)}{short.group(2).upper()}iB"
+    return _parse_config_size(text) or 0
 
 
 def ensure_tools() -> None:
@@ -123,8 +125,14 @@ def mirror(upstream: str, cache: Path, *extra: str) -> Iterator[MirrorProcess]:
         yield proc
 
 
-def blob_path(cache: Path, etag: str) -> Path:
-    return cache / "blobs" / etag[:2] / etag
+def blob_path(cache: Path, etag: str, wait: float = 0.0) -> Path:
+    """Where the local store keeps a blob; with ``wait``, once it is committed (clients get their last byte once
+    it is verified, a moment before the fsync and rename that commit it)."""
+    path = cache / "blobs" / etag[:2] / etag
+    deadline = time.monotonic() + wait
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return path
 
 
 # --- measuring -------------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ def run(size: int, runs: int, workers: int, head_seconds: int) -> list[Report]:
         etag = emu.files.etag("dataset", "acme/big-data", "main", "big.bin")
         with mirror(emu.url, cache, "--workers", str(workers)) as proc:
             parallel_get(proc.url + BIG_PATH, 1)  # fill the cache once
-            blob = blob_path(cache, etag)
+            blob = blob_path(cache, etag, wait=30)
             assert blob.stat().st_size == size
             rel = blob.relative_to(cache / "blobs")
             with Nginx(cache / "blobs", Path(tmp) / "nginx", workers) as nginx:
