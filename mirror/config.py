@@ -74,7 +74,7 @@ class Settings:
     retry_backoff_max: float = 8.0
     # Fill engine.
     fill_on_disconnect: str = "continue"  # continue | cancel
-    fill_chunk_size: int = 1024 * 1024
+    fill_chunk_size: int = 8 * 1024 * 1024  # most bytes a fill hashes and announces to its readers at once
     lease_stale_seconds: float = 30.0
     # Serving.
     serve_chunk_size: int = 4 * 1024 * 1024

@@ -81,8 +81,16 @@ class BulkBody:
         self._done = False
 
     def read(self, size: int) -> bytes:
+        """Up to ``size`` bytes, waiting for all of them (``b""`` at the end)."""
+        return self._read(self._response.read, size)
+
+    def read_some(self, size: int) -> bytes:
+        """Up to ``size`` bytes of what has arrived, with one socket read: a slow upstream is not waited for."""
+        return self._read(self._response.read1, size)
+
+    def _read(self, method: Callable[..., bytes], size: int) -> bytes:
         try:
-            data = self._response.read(size, decode_content=False)
+            data = method(size, decode_content=False)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise UpstreamUnavailable(f"upstream read failed: {type(exc).__name__}: {exc}") from exc
         if not data:

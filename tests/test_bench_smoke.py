@@ -25,3 +25,13 @@ def test_run_all_small(tmp_path: Path) -> None:
     assert head["upstream_requests"] == 0 and head["failed"] == 0 and head["mirror"] > 0
     herd = next(row for (title, m), row in rows.items() if title == "20concurrent" and m == "upstream fetches")
     assert herd["mirror"] == 1
+
+
+def test_memory_small(tmp_path: Path) -> None:
+    out = tmp_path / "memory.json"
+    proc = subprocess.run([sys.executable, "bench/memory.py", "--size", "16M", "--readers", "3", "--read-size", "4M",
+                           "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {row["measure"]: row for r in json.loads(out.read_text())["reports"] for row in r["rows"]}
+    assert rows["upstream fetches"]["mirror"] == 1
+    assert 0 < rows["peak RSS, cold (1 fill + followers)"]["mirror"] < 1024
