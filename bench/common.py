@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from mirror.config import parse_size as _parse_config_size  # noqa: E402
 from tests.hub_emulator.runner import EmulatorHandle, run_emulator  # noqa: E402
 from tests.mirror_proc import MirrorProcess, free_port  # noqa: E402
+from tests.nginx_front import BLOBS_PREFIX, NginxFront, render_nginx_conf  # noqa: E402,F401 - for serve.py
 
 BIG_REPO = "acme/big-data"
 BIG_PATH = f"/datasets/{BIG_REPO}/resolve/main/big.bin"

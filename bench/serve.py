@@ -1,7 +1,8 @@
 """Warm path: the mirror serving a cached blob against nginx (sendfile) serving the very same file.
 
-1 client and 8 in parallel, a 100 MiB Range from the middle, and HEAD /resolve requests per second at 64
-connections for a bounded time (with the count of upstream requests, which must be zero).
+1 client and 8 in parallel, a 100 MiB Range from the middle (also through the nginx front of deploy/nginx.conf),
+and HEAD /resolve requests per second at 64 connections for a bounded time (with the count of upstream requests,
+which must be zero).
 
     python bench/serve.py --size 1G --runs 3 [--head-seconds 10] [--json out.json]
 """
@@ -14,7 +15,9 @@ from pathlib import Path
 
 from common import (
     BIG_PATH,
+    BLOBS_PREFIX,
     Nginx,
+    NginxFront,
     PeakRss,
     Report,
     ab_head,
@@ -22,11 +25,13 @@ from common import (
     blob_path,
     emulator,
     ensure_tools,
+    free_port,
     median_of,
     mirror,
     parallel_get,
     parse_size,
     print_and_save,
+    render_nginx_conf,
 )
 
 WORKERS_HELP = "mirror workers and nginx worker_processes"
@@ -61,6 +66,7 @@ def run(size: int, runs: int, workers: int, head_seconds: int) -> list[Report]:
                     report.add(name, median_of(ours)["mb_s"], median_of(ref)["mb_s"], "MB/s", "nginx sendfile",
                                peak_rss_mib=round(max(peaks) / 2**20))
                 reports.append(report)
+                reports.append(_through_front(emu.url, cache, Path(tmp), runs, cases, nginx_url))
 
                 head = Report(f"Warm HEAD /resolve, 64 connections, {head_seconds} s")
                 small = "/acme/tiny-model/resolve/main/config.json"
@@ -81,6 +87,23 @@ def run(size: int, runs: int, workers: int, head_seconds: int) -> list[Report]:
                 head.add("mirror peak RSS", max(peaks) / 2**20, 0, "MiB", "-", higher_is_better=False)
                 reports.append(head)
     return reports
+
+
+def _through_front(upstream: str, cache: Path, tmp: Path, runs: int, cases: list[tuple[str, int, str | None]],
+                   nginx_url: str) -> Report:
+    """The production layout: deploy/nginx.conf in front of a mirror started with ``--accel-redirect``, on the same
+    cache, against plain nginx serving the blob (the front runs 2 nginx workers, as rendered for tests)."""
+    report = Report("Warm GET through the nginx front (deploy/nginx.conf, X-Accel-Redirect)")
+    with mirror(upstream, cache, "--accel-redirect", BLOBS_PREFIX) as accel:
+        conf = render_nginx_conf(tmp / "front", accel.port, free_port(), cache)
+        with NginxFront(conf) as front:
+            for name, clients, range_spec in cases:
+                ours, ref = [], []
+                for _ in range(runs):
+                    ref.append(parallel_get(nginx_url, clients, range_spec=range_spec))
+                    ours.append(parallel_get(front.url + BIG_PATH, clients, range_spec=range_spec))
+                report.add(name, median_of(ours)["mb_s"], median_of(ref)["mb_s"], "MB/s", "nginx sendfile")
+    return report
 
 
 def main() -> None:
