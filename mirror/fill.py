@@ -26,7 +26,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,7 +207,7 @@ class FillManager:
 
     # --- readers ---------------------------------------------------------------------------------------------------
 
-    @asynccontextmanager
+    @contextlib.asynccontextmanager
     async def reading(self, fill: Fill) -> AsyncIterator[int]:
         """An fd on the fill's bytes (the partial file; its inode becomes the blob), counted as one reader.
 
