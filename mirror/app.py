@@ -22,7 +22,7 @@ from mirror.access import AccessPolicy, Caller
 from mirror.auth import MirrorAuth
 from mirror.config import Settings
 from mirror.errors import HeadersTooLarge, MethodNotAllowed, MirrorError
-from mirror.fill import FillManager
+from mirror.fill import PEER_ROUTE, FillManager
 from mirror.gc import CacheManager
 from mirror.index import MetadataIndex
 from mirror.logs import AccessLog
@@ -30,6 +30,7 @@ from mirror.metrics import Metrics
 from mirror.routes import ops
 from mirror.routes.api import ApiHandler
 from mirror.routes.common import Receive, Scope, Send, bearer_token, check_raw_path, send_error
+from mirror.routes.peer import PeerFillHandler
 from mirror.routes.resolve import ResolveHandler
 from mirror.service import MirrorService
 from mirror.storage import open_store
@@ -53,6 +54,7 @@ class Mirror:
         self.fills = FillManager(
             self.store, self.upstream, metrics, chunk_size=settings.fill_chunk_size,
             lease_ttl=settings.lease_stale_seconds, cancel_on_disconnect=settings.fill_on_disconnect == "cancel",
+            node_url=settings.node_url,
         )
         self.access = AccessPolicy(self.index, ttl=settings.access_ttl, fail_open=settings.access_fail_open,
                                    offline=settings.offline)
@@ -62,6 +64,7 @@ class Mirror:
         self.resolve = ResolveHandler(self.service, self.fills, self.upstream, metrics,
                                       chunk_size=settings.serve_chunk_size, accel_redirect=settings.accel_redirect)
         self.api = ApiHandler(self.service, metrics, max_paths_info=settings.max_paths_info)
+        self.peer = PeerFillHandler(self.fills, metrics, chunk_size=settings.serve_chunk_size)
         self._gc_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -160,6 +163,8 @@ class MirrorApp:
                         raise MethodNotAllowed(f"{method} is not allowed on resolve URLs")
                     caller = self.caller(scope, target.repo)
                     return await self.mirror.resolve(scope, receive, send, target, caller)
+            if raw_path.startswith(PEER_ROUTE):  # another node of the fleet; its lease token stands for auth
+                return await self.mirror.peer(scope, receive, send, raw_path[len(PEER_ROUTE):])
             if raw_path.startswith("/api/") and raw_path != "/api/mirror/status":
                 check_raw_path(raw_path)
                 api_target = hf.parse_api(raw_path)

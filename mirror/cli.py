@@ -37,6 +37,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     add("--hot-tier-max-size", help="bound of the local disk copy of bucket blobs, e.g. 200G (storage s3; LRU)")
     add("--lease-stale-seconds", type=float,
         help="fill lease lifetime in seconds: a dead node's fill is taken over after this (storage s3; default 30)")
+    add("--node-url", help="URL the other nodes reach this node at, e.g. http://node-1:8090: they stream its "
+        "fills in progress from it (storage s3)")
     add("--accel-redirect", help="nginx internal location prefix for cache hits, e.g. /_hf_mirror_blobs/")
     add("--log-format", choices=("text", "json"), help="log line format (default text)")
     add("--log-level", help="debug, info, warning, error (default info)")

@@ -91,6 +91,9 @@ class Settings:
     s3_prefix: str = ""
     s3_region: str = "us-east-1"
     hot_tier_max_size: int | None = 20 * 1024**3  # bound of the local copy of bucket blobs (LRU); 0: unbounded
+    # The URL other nodes of the fleet reach this one at. Published in the fill leases of a shared bucket, so that
+    # a node following another's fill streams it from that node at once instead of waiting for its commit.
+    node_url: str | None = None
     # Access (issue 6).
     access_ttl: float = 300.0
     access_fail_open: bool = False
@@ -127,6 +130,8 @@ class Settings:
             raise ConfigError("storage = 's3' needs s3_bucket")
         if self.s3_endpoint and not self.s3_endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"s3_endpoint must be an http(s) URL, got {self.s3_endpoint!r}")
+        if self.node_url and not self.node_url.startswith(("http://", "https://")):
+            raise ConfigError(f"node_url must be an http(s) URL, got {self.node_url!r}")
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ConfigError("ssl_certfile and ssl_keyfile must be given together")
 

@@ -6,8 +6,10 @@ hangs up, so a commit placed after a tee loop would never run). Followers read t
 
 One fill per blob:
 - in this process, by the ``_fills`` table;
-- across processes and nodes, by the store's lease. A process that does not hold the lease follows the partial
-  file the holder writes, and takes over (resuming from the partial's size) when the lease is freed or expires.
+- across processes and nodes, by the store's lease. A process that does not hold the lease follows the fill: on
+  the holder's host it reads the partial file the holder writes; on another node of a fleet it streams the fill
+  from the holder (whose URL and a token the lease publishes) into its own partial file, hashing it too. Either
+  way it takes over (resuming from its partial's size) when the lease is freed or expires.
 
 Nothing bad is served: size and hash (sha256 for LFS, git blob sha1 for regular files) are checked before the blob
 is committed, and readers of a fill in progress are held back from its last byte until the blob is committed, so
@@ -19,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import logging
 import os
+import secrets
 import threading
 import time
 import uuid
@@ -30,11 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from prometheus_client import Counter
 
 from mirror import hf
 from mirror.errors import IntegrityError, MirrorError, UpstreamUnavailable
 from mirror.metrics import Metrics
-from mirror.storage.base import BlobStore
+from mirror.storage.base import BlobStore, Lease, PeerAddress
 from mirror.upstream import BulkBody, UpstreamClient, UrlExpired, bulk_body
 
 log = logging.getLogger("hf_mirror.fill")
@@ -47,6 +52,8 @@ _HASH_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fill-hash")
 _COPY_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fill-copy")  # one thread per running fill
 _BLOCK_SECONDS = 0.01  # a slow upstream's bytes reach readers at least this often
 _READ_SIZE = 1024 * 1024  # per socket read: larger reads allocate more than they fill (measured ~3 GB/s at 1 MiB)
+_PEER_TRIES = 3  # peer streams that end without progress before a follower just waits for the commit
+PEER_ROUTE = "/_mirror/fills/"  # + etag: a fill in progress, for the other nodes (mirror.routes.peer)
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,7 @@ class Fill:
         self.error: BaseException | None = None
         self.readers = 0
         self.task: asyncio.Task[None] | None = None
+        self.peer_token = secrets.token_urlsafe(24)  # published in our lease: opens this fill to the other nodes
         self._progress = asyncio.Event()
 
     @property
@@ -148,13 +156,14 @@ class Fill:
 
 class FillManager:
     def __init__(self, store: BlobStore, upstream: UpstreamClient, metrics: Metrics, *, chunk_size: int,
-                 lease_ttl: float, cancel_on_disconnect: bool) -> None:
+                 lease_ttl: float, cancel_on_disconnect: bool, node_url: str | None = None) -> None:
         self.store = store
         self.upstream = upstream
         self.metrics = metrics
         self.chunk_size = chunk_size
         self.lease_ttl = lease_ttl
         self.cancel_on_disconnect = cancel_on_disconnect
+        self.node_url = node_url.rstrip("/") if node_url else None
         self.owner = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._fills: dict[str, Fill] = {}
         self.on_commit: list[Callable[[FillSpec], None]] = []
@@ -165,6 +174,16 @@ class FillManager:
 
     def is_filling(self, etag: str) -> bool:
         return etag in self._fills
+
+    def get(self, etag: str) -> Fill | None:
+        return self._fills.get(etag)
+
+    async def opens_to_peer(self, fill: Fill, token: str) -> bool:
+        """``token`` is the one our lease on the fill publishes (or, if another process here holds it, its)."""
+        if hmac.compare_digest(fill.peer_token, token):
+            return True
+        lease = await self.store.read_lease(fill.spec.etag)
+        return lease is not None and lease.peer is not None and hmac.compare_digest(lease.peer.token, token)
 
     async def start(self, spec: FillSpec) -> Fill | None:
         """Join or start the fill of ``spec.etag``; ``None`` when the blob is already committed."""
@@ -251,19 +270,21 @@ class FillManager:
 
     async def _drive(self, fill: Fill) -> None:
         spec = fill.spec
+        peer = PeerAddress(self.node_url, fill.peer_token) if self.node_url else None
+        copy = _PeerCopy(spec.etag, spec.size)
         self.metrics.fills_in_flight.inc()
         try:
             while True:
                 if await self.store.stat(spec.etag) is not None:
-                    fill.finish(await self.store.local_path(spec.etag))
+                    fill.finish(await self._local_copy(fill, copy))
                     break
-                if await self.store.acquire_lease(spec.etag, self.owner, self.lease_ttl):
+                if await self.store.acquire_lease(spec.etag, self.owner, self.lease_ttl, peer):
                     try:
                         await self._download(fill)
                     finally:
                         await self.store.release_lease(spec.etag, self.owner)
                     break
-                await self._follow(fill)
+                await self._follow(fill, copy)
             self.metrics.fills.labels(result="ok").inc()
             for callback in self.on_commit:
                 callback(spec)
@@ -279,21 +300,64 @@ class FillManager:
             self.metrics.fills_in_flight.dec()
             self._fills.pop(spec.etag, None)
 
-    async def _follow(self, fill: Fill) -> None:
-        """Another process holds the lease: track its partial file until it commits or its lease goes away."""
+    async def _follow(self, fill: Fill, copy: _PeerCopy) -> None:
+        """Another process holds the lease: follow its fill until it commits or its lease goes away."""
+        etag = fill.spec.etag
         lease_check_every = max(1, int(0.5 / _FOLLOW_POLL))
         ticks = 0
-        while True:
-            if await self.store.stat(fill.spec.etag) is not None:
+        lease = await self.store.read_lease(etag)
+        while lease is not None:
+            if await self.store.stat(etag) is not None:
                 return
-            try:
-                fill.advance(os.stat(fill.partial).st_size)
-            except FileNotFoundError:
-                pass
+            if not self._on_another_node(lease):
+                with contextlib.suppress(FileNotFoundError):  # the holder writes the very partial file we read
+                    fill.advance(os.stat(fill.partial).st_size)
+            elif lease.peer is not None and not copy.verified and copy.failures < _PEER_TRIES:
+                await self._copy_from_peer(fill, lease.peer, copy)
             ticks += 1
-            if ticks % lease_check_every == 0 and await self.store.read_lease(fill.spec.etag) is None:
-                return
+            if ticks % lease_check_every == 0:
+                lease = await self.store.read_lease(etag)
             await asyncio.sleep(_FOLLOW_POLL)
+
+    def _on_another_node(self, lease: Lease) -> bool:
+        return lease.peer is not None and lease.peer.url != self.node_url
+
+    async def _copy_from_peer(self, fill: Fill, peer: PeerAddress, copy: _PeerCopy) -> None:
+        """Stream the fill from the node that holds its lease into our partial file, from where we left off."""
+        spec = fill.spec
+        before = copy.offset
+        fd = os.open(fill.partial, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            async with self.upstream.stream_peer(peer.url + PEER_ROUTE + spec.etag, peer.token, copy.offset) as body:
+                cursor = _Cursor(copy.offset)
+                try:
+                    await self._pump(fill, body, fd, cursor, copy.hasher, self.metrics.bytes_from_peers)
+                finally:
+                    copy.offset = cursor.offset
+        except (MirrorError, httpx.HTTPError) as exc:
+            copy.failures = 0 if copy.offset > before else copy.failures + 1
+            log.info("streaming %s from peer %s stopped at %d/%d: %s", spec.path, peer.url, copy.offset, spec.size,
+                     exc)
+            await asyncio.sleep(0.2)
+            return
+        finally:
+            os.close(fd)
+        if copy.offset < spec.size:
+            copy.failures += 1
+            return
+        if not copy.hasher.matches():  # the leader verified these bytes: they were damaged on the way
+            fill.partial.unlink(missing_ok=True)
+            raise IntegrityError(f"{spec.repo.key} {spec.path}: bytes from peer {peer.url} do not match {spec.etag}")
+        copy.verified = True
+        fill.verify()
+
+    async def _local_copy(self, fill: Fill, copy: _PeerCopy) -> Path | None:
+        """This node's file of a blob just committed: the verified copy streamed from a peer, else the store's."""
+        if copy.verified:
+            adopted = await self.store.adopt(fill.spec.etag, fill.partial)
+            if adopted is not None:
+                return adopted
+        return await self.store.local_path(fill.spec.etag)
 
     async def _download(self, fill: Fill) -> None:
         spec = fill.spec
@@ -317,7 +381,8 @@ class FillManager:
                             cdn_url = final_url
                         cursor = _Cursor(offset)
                         try:
-                            await self._pump(fill, bulk_body(response), fd, cursor, hasher)
+                            await self._pump(fill, bulk_body(response), fd, cursor, hasher,
+                                             self.metrics.bytes_fetched)
                         finally:
                             offset = cursor.offset
                     if offset < spec.size:
@@ -349,7 +414,8 @@ class FillManager:
         log.info("committed %s %s (%d bytes) as %s", spec.repo.key, spec.path, spec.size, spec.etag)
 
 
-    async def _pump(self, fill: Fill, body: BulkBody, fd: int, cursor: _Cursor, hasher: BlobHasher) -> None:
+    async def _pump(self, fill: Fill, body: BulkBody, fd: int, cursor: _Cursor, hasher: BlobHasher,
+                    counter: Counter) -> None:
         """Copy the body into the partial file in a worker thread, announcing progress to the readers.
 
         The thread owns ``fd`` until it returns: on cancellation it is told to stop and awaited, never abandoned.
@@ -360,7 +426,7 @@ class FillManager:
         def progress(offset: int) -> None:
             if offset == cursor.reported:
                 return
-            self.metrics.bytes_fetched.inc(offset - cursor.reported)
+            counter.inc(offset - cursor.reported)
             cursor.reported = offset
             with contextlib.suppress(RuntimeError):  # the loop is closing: nobody is left to tell
                 loop.call_soon_threadsafe(fill.advance, offset)
@@ -376,6 +442,16 @@ class FillManager:
             body.abort()
             await asyncio.wait([done])
             raise
+
+
+class _PeerCopy:
+    """A follower's copy of a fill streamed from the node holding its lease; kept across reconnects."""
+
+    def __init__(self, etag: str, size: int) -> None:
+        self.hasher = BlobHasher(etag, size)
+        self.offset = 0
+        self.failures = 0
+        self.verified = False
 
 
 class _Cursor:

@@ -45,6 +45,7 @@ H_LINKED_SIZE = "X-Linked-Size"
 H_ERROR_CODE = "X-Error-Code"
 H_ERROR_MESSAGE = "X-Error-Message"
 H_MIRROR_CACHE = "X-Mirror-Cache"
+H_PEER_TOKEN = "X-Mirror-Peer-Token"  # opens a fill in progress to the other nodes of a fleet (see mirror.fill)
 
 SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")

@@ -17,6 +17,9 @@ class Metrics:
         )
         self.bytes_served = Counter("hf_mirror_bytes_served", "Body bytes sent to clients", ["source"], registry=r)
         self.bytes_fetched = Counter("hf_mirror_bytes_fetched", "Body bytes fetched from upstream", registry=r)
+        self.bytes_from_peers = Counter(
+            "hf_mirror_bytes_from_peers", "Body bytes of fills in progress streamed from other nodes", registry=r
+        )
         self.upstream_requests = Counter(
             "hf_mirror_upstream_requests", "Requests sent upstream, by status class", ["status"], registry=r
         )

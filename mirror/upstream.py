@@ -202,8 +202,12 @@ class UpstreamClient:
                 method, body = "GET", None
         raise UpstreamUnavailable(f"Upstream {self.base} redirected too many times")
 
-    def _send_bulk(self, url: str, token: str | None, headers: dict[str, str]) -> tuple[httpx.Response, str]:
-        """Blocking (run it in a thread): a GET whose body :class:`BulkBody` reads; redirects as in :meth:`_send`."""
+    def _send_bulk(self, url: str, token: str | None, headers: dict[str, str],
+                   observe: bool = True) -> tuple[httpx.Response, str]:
+        """Blocking (run it in a thread): a GET whose body :class:`BulkBody` reads; redirects as in :meth:`_send`.
+
+        ``observe``: count the request as upstream traffic (metrics and the status page's health).
+        """
         current = url
         for _ in range(_MAX_HOPS):
             proxy = _env_proxy(current)
@@ -216,9 +220,11 @@ class UpstreamClient:
                 raw = pool.request("GET", current, headers=self._headers(current, token, headers), redirect=False,
                                    preload_content=False, decode_content=False)
             except urllib3.exceptions.HTTPError as exc:
-                self._mark(False, f"{type(exc).__name__}: {exc}")
+                if observe:
+                    self._mark(False, f"{type(exc).__name__}: {exc}")
                 raise UpstreamTimeout(f"Upstream {self.base} is unreachable: {type(exc).__name__}") from exc
-            self._observe(raw.status, started)
+            if observe:
+                self._observe(raw.status, started)
             target = _next_hop(current, raw.status, raw.headers.get("location"), "all")
             if target is None:
                 body = BulkBody(raw)
@@ -325,6 +331,20 @@ class UpstreamClient:
             if start and response.status_code != 206:
                 raise UpstreamUnavailable(f"Upstream ignored Range for {path!r} (status {response.status_code})")
             yield response, final_url
+        finally:
+            await response.aclose()
+
+    @asynccontextmanager
+    async def stream_peer(self, url: str, token: str, start: int) -> AsyncIterator[BulkBody]:
+        """Open another mirror node's fill in progress (``/_mirror/fills/<etag>``) from byte ``start``."""
+        headers = {"accept-encoding": "identity", hf.H_PEER_TOKEN.lower(): token}
+        if start:
+            headers["range"] = f"bytes={start}-"
+        response, _ = await asyncio.to_thread(self._send_bulk, url, None, headers, False)
+        try:
+            if response.status_code != (206 if start else 200):
+                raise UpstreamUnavailable(f"peer {url} answered {response.status_code}")
+            yield bulk_body(response)
         finally:
             await response.aclose()
 

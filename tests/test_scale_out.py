@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import json
 import threading
 import time
 import uuid
@@ -70,6 +71,8 @@ class Fleet:
             (self.tmp / name).mkdir(parents=True, exist_ok=True)
             proc = MirrorProcess(upstream, self.tmp / name / "cache", *storage, *extra,
                                  env={**self.s3.env, **(env or {})})
+            if s3:  # as deployed: each node tells the others where to stream its fills in progress from
+                proc.env.setdefault("HF_MIRROR_NODE_URL", proc.url)
             self.nodes.append(proc)
             procs.append(proc)
         with concurrent.futures.ThreadPoolExecutor(count) as pool:
@@ -187,6 +190,58 @@ def test_node_killed_mid_fill_the_other_completes(emulator_clean: EmulatorHandle
     print(f"takeover: node B completed {time.monotonic() - killed_at:.2f}s after node A was killed")
 
 
+def test_follower_node_streams_the_fill_from_the_leader(emulator_clean: EmulatorHandle, fleet: Fleet) -> None:
+    """A client on node B gets bytes while node A's fill runs, not only after A commits (peer streaming)."""
+    emu = emulator_clean
+    a, b = fleet.start(2, emu.url)
+    data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
+    emu.set_faults(throttle_bps=2 * 2**20)  # a 4 s fill
+    leader = threading.Thread(target=get, args=(a.url + BIG_URL,))
+    leader.start()
+    _wait_for(lambda: _fill_written(a) > 256 * 1024, "node A to be filling")
+    received = bytearray()
+    seen_during_fill = 0
+    with httpx.stream("GET", b.url + BIG_URL, timeout=60) as response:
+        assert response.status_code == 200
+        for chunk in response.iter_raw():
+            received += chunk
+            if not seen_during_fill and len(received) >= 2**20:
+                seen_during_fill = len(received) if _fill_active(a) else -1
+    leader.join(30)
+    assert bytes(received) == data
+    assert seen_during_fill > 0, "node B's client got its first MiB only after node A had committed"
+    assert emu.fetch_count(*BIG) == 1, emu.stats()["fetches"]
+    from_peers = _metric(b, "hf_mirror_bytes_from_peers_total")
+    assert from_peers > 0, "node B did not stream from node A"
+    # B kept the verified copy it streamed as its hot-tier file: a second request is a local hit.
+    status, body, headers = get(b.url + BIG_URL)
+    assert status == 200 and body == data and headers.get("x-mirror-cache") == "hit"
+    print(f"peer streaming: {from_peers / 2**20:.1f} MiB from node A; B had 1 MiB while A was still filling")
+
+
+def test_peer_route_needs_the_lease_token(emulator_clean: EmulatorHandle, fleet: Fleet) -> None:
+    emu = emulator_clean
+    (a,) = fleet.start(1, emu.url)
+    emu.set_faults(throttle_bps=2 * 2**20)
+    leader = threading.Thread(target=get, args=(a.url + BIG_URL,))
+    leader.start()
+    _wait_for(lambda: _fill_active(a), "node A to be filling")
+    etag = emu.files.etag(*BIG[:2], "main", BIG[2])
+    for headers in ({}, {"x-mirror-peer-token": "guess"}):
+        response = httpx.get(f"{a.url}/_mirror/fills/{etag}", headers=headers, timeout=10)
+        assert response.status_code == 404 and response.headers["x-error-code"] == "EntryNotFound"
+    lease = json.loads(fleet.s3.client().get_object(Bucket=fleet.s3.bucket,
+                                                    Key=f"{fleet.prefix}leases/{etag}")["Body"].read())
+    assert lease["peer"]["url"] == a.url
+    with httpx.stream("GET", f"{a.url}/_mirror/fills/{etag}", timeout=30,
+                      headers={"x-mirror-peer-token": lease["peer"]["token"], "range": "bytes=100-"}) as response:
+        assert response.status_code == 206
+        assert response.headers["content-range"] == f"bytes 100-{BIG_SIZE - 1}/{BIG_SIZE}"
+        body = response.read()
+    assert body == emu.files.file_bytes(*BIG[:2], "main", BIG[2])[100:]
+    leader.join(30)
+
+
 def test_chained_mirror_fetches_each_file_once(emulator_clean: EmulatorHandle, fleet: Fleet,
                                                tmp_path: Path) -> None:
     """A regional mirror (local disk) whose upstream is a central mirror (the shared bucket), driven by the real
@@ -249,6 +304,13 @@ def _status(node: MirrorProcess) -> dict[str, Any]:
 
 def _fill_written(node: MirrorProcess) -> int:
     return max((f["written"] for f in _status(node)["fills"]), default=0)
+
+
+def _metric(node: MirrorProcess, name: str) -> float:
+    for line in httpx.get(node.url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
 
 
 def _fill_active(node: MirrorProcess) -> bool:

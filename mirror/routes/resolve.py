@@ -15,7 +15,7 @@ from urllib.parse import quote
 from mirror import hf
 from mirror.access import Caller
 from mirror.errors import MirrorError
-from mirror.fill import FillManager
+from mirror.fill import Fill, FillManager
 from mirror.index import FileEntry
 from mirror.metrics import Metrics
 from mirror.routes.common import Receive, Scope, Send, header, parse_range, send_error
@@ -107,7 +107,7 @@ class ResolveHandler:
             await send({"type": "http.response.body", "body": b""})
             return outcome
         disconnected = asyncio.Event()
-        watcher = asyncio.create_task(_watch_disconnect(receive, disconnected))
+        watcher = asyncio.create_task(watch_disconnect(receive, disconnected))
         try:
             if source.path:
                 sent = await send_file_range(send, source.path, start, length, self.chunk_size, disconnected,
@@ -119,12 +119,8 @@ class ResolveHandler:
                 if start > fill.written + _RANGE_PASSTHROUGH_GAP:
                     await self._send_upstream_range(send, resolved, caller, start, end, disconnected)
                 else:
-                    async with self.fills.reading(fill) as fd:
-                        sent = await send_fd_range(
-                            send, fd, start, length, self.chunk_size, disconnected,
-                            raw_send=scope.get("hf_mirror.raw_send"),
-                            available=functools.partial(self.fills.readable, fill),
-                        )
+                    sent = await send_fill_range(scope, send, self.fills, fill, start, length, self.chunk_size,
+                                                 disconnected)
                     self.metrics.bytes_served.labels(source="fill").inc(sent)
         except Exception as exc:  # noqa: BLE001 - headers are gone: the only honest signal left is a cut connection
             # Returning with the body incomplete makes the server close the connection: the client sees a
@@ -156,7 +152,16 @@ class ResolveHandler:
         await send({"type": "http.response.body", "body": b""})
 
 
-async def _watch_disconnect(receive: Receive, event: asyncio.Event) -> None:
+async def send_fill_range(scope: Scope, send: Send, fills: FillManager, fill: Fill, start: int, length: int,
+                          chunk_size: int, disconnected: asyncio.Event) -> int:
+    """Send bytes of a fill in progress as they are written (its last byte once verified); returns bytes sent."""
+    async with fills.reading(fill) as fd:
+        return await send_fd_range(send, fd, start, length, chunk_size, disconnected,
+                                   raw_send=scope.get("hf_mirror.raw_send"),
+                                   available=functools.partial(fills.readable, fill))
+
+
+async def watch_disconnect(receive: Receive, event: asyncio.Event) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

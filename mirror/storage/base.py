@@ -26,10 +26,19 @@ class BlobInfo:
 
 
 @dataclass(frozen=True)
+class PeerAddress:
+    """Where the holder of a lease streams its fill in progress to other nodes, and the token that opens it."""
+
+    url: str
+    token: str
+
+
+@dataclass(frozen=True)
 class Lease:
     etag: str
     owner: str
     expires: float
+    peer: PeerAddress | None = None
 
 
 @runtime_checkable
@@ -50,6 +59,11 @@ class BlobStore(Protocol):
         """Publish a verified partial file as the blob, atomically; returns the blob's local path."""
         ...
 
+    async def adopt(self, etag: str, copy: Path) -> Path | None:
+        """Keep ``copy``, a local file verified against ``etag``, as this node's file of the committed blob (instead
+        of fetching the blob from the store again); ``None``, and ``copy`` left alone, when it is not committed."""
+        ...
+
     async def delete(self, etag: str) -> bool:
         """Remove a committed blob; True when it existed."""
         ...
@@ -62,8 +76,11 @@ class BlobStore(Protocol):
         """Record a read, for LRU eviction."""
         ...
 
-    async def acquire_lease(self, etag: str, owner: str, ttl: float) -> bool:
-        """Take the fill lease of ``etag`` for ``ttl`` seconds: True if free, expired, or already ours."""
+    async def acquire_lease(self, etag: str, owner: str, ttl: float, peer: PeerAddress | None = None) -> bool:
+        """Take the fill lease of ``etag`` for ``ttl`` seconds: True if free, expired, or already ours.
+
+        ``peer`` is published in the lease (shared backends) so that other nodes can stream the fill from us.
+        """
         ...
 
     async def refresh_lease(self, etag: str, owner: str, ttl: float) -> bool:

@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from mirror.storage.base import BlobInfo, Lease
+from mirror.storage.base import BlobInfo, Lease, PeerAddress
 
 _TOUCH_EVERY = 60.0  # seconds: a blob's last-access time is refreshed at most this often
 
@@ -66,6 +66,14 @@ class LocalBlobStore:
         _fsync_dir(target.parent)
         return target
 
+    async def adopt(self, etag: str, copy: Path) -> Path | None:
+        target = self.blob_path(etag)
+        if not target.exists():
+            return None
+        if copy != target:
+            copy.unlink(missing_ok=True)  # the blob is already on this disk
+        return target
+
     async def delete(self, etag: str) -> bool:
         try:
             self.blob_path(etag).unlink()
@@ -100,7 +108,8 @@ class LocalBlobStore:
     def _lease_path(self, etag: str) -> Path:
         return self.partials_dir / f"{etag}.lease"
 
-    async def acquire_lease(self, etag: str, owner: str, ttl: float) -> bool:
+    async def acquire_lease(self, etag: str, owner: str, ttl: float, peer: PeerAddress | None = None) -> bool:
+        # ``peer`` is not kept: on one host, followers read the partial file itself.
         if etag in self._lease_fds:
             return True
         fd = os.open(self._lease_path(etag), os.O_RDWR | os.O_CREAT, 0o644)
@@ -112,7 +121,7 @@ class LocalBlobStore:
         if not _same_file(fd, self._lease_path(etag)):
             # The previous owner unlinked this file between our open and our lock: try again on the new file.
             os.close(fd)
-            return await self.acquire_lease(etag, owner, ttl)
+            return await self.acquire_lease(etag, owner, ttl, peer)
         record = json.dumps({"owner": owner, "pid": os.getpid(), "started": time.time()}).encode()
         os.ftruncate(fd, 0)
         os.pwrite(fd, record, 0)

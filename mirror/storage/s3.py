@@ -3,7 +3,7 @@
 Several mirror nodes point at one bucket; the bucket is the single truth of what exists::
 
     s3://<bucket>/<prefix>blobs/<etag[:2]>/<etag>   committed blobs (immutable, named by the Hub etag)
-    s3://<bucket>/<prefix>leases/<etag>             fill leases: JSON {owner, ttl, host, pid, acquired, refreshed}
+    s3://<bucket>/<prefix>leases/<etag>             fill leases: JSON {owner, ttl, host, pid, refreshed, peer}
 
     <cache_dir>/blobs/<etag[:2]>/<etag>             hot tier: local copies of bucket blobs, LRU by mtime, bounded
     <cache_dir>/partials/<etag>.part                fills in progress on this node (always local)
@@ -53,7 +53,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from mirror.errors import IntegrityError, MirrorError
-from mirror.storage.base import BlobInfo, Lease
+from mirror.storage.base import BlobInfo, Lease, PeerAddress
 
 log = logging.getLogger("hf_mirror.storage.s3")
 
@@ -242,12 +242,7 @@ class S3BlobStore:
             if received != size or not hasher.matches():
                 raise IntegrityError(f"bucket object for blob {etag} does not match its etag "
                                      f"({received} of {size} bytes read)")
-            target = self.blob_path(etag)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, target)
-            self._add_hot(size)
-            await self._evict(keep=etag)
-            return target
+            return await self._enter_hot(etag, tmp, size)
         finally:
             self._busy.discard(etag)
             with contextlib.suppress(FileNotFoundError):
@@ -265,13 +260,20 @@ class S3BlobStore:
                 await self._put_small(etag, partial)
             else:
                 await self._put_multipart(etag, partial, size)
-            target = self.blob_path(etag)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            # Readers of the fill hold descriptors on the partial: a rename keeps them valid.
-            os.replace(partial, target)
-            self._add_hot(size)
-            await self._evict(keep=etag)
-            return target
+            return await self._enter_hot(etag, partial, size)
+        finally:
+            self._busy.discard(etag)
+
+    async def adopt(self, etag: str, copy: Path) -> Path | None:
+        info = await self.stat(etag)
+        if info is None:
+            return None
+        if self.blob_path(etag).exists() or os.stat(copy).st_size != info.size:
+            copy.unlink(missing_ok=True)
+            return await self.local_path(etag)
+        self._busy.add(etag)
+        try:
+            return await self._enter_hot(etag, copy, info.size)
         finally:
             self._busy.discard(etag)
 
@@ -352,9 +354,15 @@ class S3BlobStore:
             with contextlib.suppress(OSError):
                 os.utime(path, (now, now))
 
-    def _add_hot(self, size: int) -> None:
+    async def _enter_hot(self, etag: str, source: Path, size: int) -> Path:
+        """Move a whole, verified file of the blob into the hot tier (the caller marks ``etag`` busy)."""
+        target = self.blob_path(etag)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(source, target)  # readers hold descriptors on the source: a rename keeps them valid
         if self._hot_bytes is not None:
             self._hot_bytes += size
+        await self._evict(keep=etag)
+        return target
 
     def hot_tier_usage(self) -> tuple[int, int]:
         """(bytes, blobs) in this node's hot tier."""
@@ -404,7 +412,7 @@ class S3BlobStore:
     # --- leases -----------------------------------------------------------------------------------------------------
 
     @_storage_errors
-    async def acquire_lease(self, etag: str, owner: str, ttl: float) -> bool:
+    async def acquire_lease(self, etag: str, owner: str, ttl: float, peer: PeerAddress | None = None) -> bool:
         held = self._held.get(etag)
         if held is not None and held.owner == owner:
             return True
@@ -414,32 +422,32 @@ class S3BlobStore:
         key = self._lease_key(etag)
         for _ in range(3):  # a lease deleted between our failed create and our read: try again
             try:
-                put = await client.put_object(Bucket=self.bucket, Key=key, Body=_lease_body(owner, ttl),
+                put = await client.put_object(Bucket=self.bucket, Key=key, Body=_lease_body(owner, ttl, peer),
                                               IfNoneMatch="*", ContentType="application/json")
             except ClientError as exc:
                 if _status(exc) not in (409, 412):
                     raise
             else:
-                return await self._won(etag, owner, ttl, put["ETag"])
+                return await self._won(etag, owner, ttl, put["ETag"], peer)
             current = await self._read_lease_object(etag)
             if current is None:
                 continue
             record, lease_etag, remaining = current
             if record.get("owner") == owner:  # ours from before (e.g. an earlier call of this owner): keep it
-                replaced = await self._conditional_replace(etag, owner, ttl, lease_etag)
-                return replaced is not None and await self._won(etag, owner, ttl, replaced)
+                replaced = await self._conditional_replace(etag, owner, ttl, lease_etag, peer)
+                return replaced is not None and await self._won(etag, owner, ttl, replaced, peer)
             if remaining > 0:
                 return False
             # Expired: take it over. If-Match on the version we read makes exactly one contender win.
-            replaced = await self._conditional_replace(etag, owner, ttl, lease_etag)
+            replaced = await self._conditional_replace(etag, owner, ttl, lease_etag, peer)
             if replaced is None:
                 return False
             log.info("took over the expired fill lease of %s from %s", etag, record.get("owner", "?"))
-            return await self._won(etag, owner, ttl, replaced)
+            return await self._won(etag, owner, ttl, replaced, peer)
         return False
 
-    async def _won(self, etag: str, owner: str, ttl: float, lease_etag: str) -> bool:
-        held = _HeldLease(owner, ttl, lease_etag)
+    async def _won(self, etag: str, owner: str, ttl: float, lease_etag: str, peer: PeerAddress | None) -> bool:
+        held = _HeldLease(owner, ttl, lease_etag, peer)
         self._held[etag] = held
         client = await self._s3()
         try:
@@ -455,12 +463,13 @@ class S3BlobStore:
         held.task = asyncio.create_task(self._keep_alive(etag, held), name=f"lease:{etag[:12]}")
         return True
 
-    async def _conditional_replace(self, etag: str, owner: str, ttl: float, lease_etag: str) -> str | None:
+    async def _conditional_replace(self, etag: str, owner: str, ttl: float, lease_etag: str,
+                                   peer: PeerAddress | None) -> str | None:
         """Write our lease over exactly version ``lease_etag``; the new version's ETag, or None if it changed."""
         client = await self._s3()
         try:
             put = await client.put_object(Bucket=self.bucket, Key=self._lease_key(etag),
-                                          Body=_lease_body(owner, ttl), IfMatch=lease_etag,
+                                          Body=_lease_body(owner, ttl, peer), IfMatch=lease_etag,
                                           ContentType="application/json")
         except ClientError as exc:
             if _status(exc) in (404, 409, 412):
@@ -484,7 +493,7 @@ class S3BlobStore:
                 log.warning("could not refresh the fill lease of %s: %s", etag, exc)
 
     async def _refresh(self, etag: str, held: _HeldLease) -> bool:
-        replaced = await self._conditional_replace(etag, held.owner, held.ttl, held.lease_etag)
+        replaced = await self._conditional_replace(etag, held.owner, held.ttl, held.lease_etag, held.peer)
         if replaced is None:
             return False
         held.lease_etag = replaced
@@ -537,7 +546,10 @@ class S3BlobStore:
         record, _, remaining = current
         if remaining <= 0:
             return None
-        return Lease(etag, str(record.get("owner", "?")), time.time() + remaining)
+        peer = record.get("peer")
+        address = (PeerAddress(str(peer.get("url", "")), str(peer.get("token", "")))
+                   if isinstance(peer, dict) and peer.get("url") else None)
+        return Lease(etag, str(record.get("owner", "?")), time.time() + remaining, address)
 
     async def _read_lease_object(self, etag: str) -> tuple[dict[str, Any], str, float] | None:
         """(record, object ETag, seconds left on the store's clock), or None when there is no lease object."""
@@ -564,18 +576,23 @@ class S3BlobStore:
 
 
 class _HeldLease:
-    def __init__(self, owner: str, ttl: float, lease_etag: str) -> None:
+    def __init__(self, owner: str, ttl: float, lease_etag: str, peer: PeerAddress | None) -> None:
         self.owner = owner
         self.ttl = ttl
         self.lease_etag = lease_etag
+        self.peer = peer
         self.task: asyncio.Task[None] | None = None
 
 
-def _lease_body(owner: str, ttl: float) -> bytes:
+def _lease_body(owner: str, ttl: float, peer: PeerAddress | None) -> bytes:
     now = time.time()
     # "refreshed" makes every write distinct, so each version has its own ETag for If-Match.
-    return json.dumps({"owner": owner, "ttl": ttl, "host": socket.gethostname(), "pid": os.getpid(),
-                       "refreshed": now, "nonce": uuid.uuid4().hex[:8]}).encode()
+    record: dict[str, Any] = {"owner": owner, "ttl": ttl, "host": socket.gethostname(), "pid": os.getpid(),
+                              "refreshed": now, "nonce": uuid.uuid4().hex[:8]}
+    if peer is not None:
+        # Whoever can read the bucket's leases can read its blobs too: the token opens nothing more than that.
+        record["peer"] = {"url": peer.url, "token": peer.token}
+    return json.dumps(record).encode()
 
 
 def _server_date(response: dict[str, Any]) -> float | None:

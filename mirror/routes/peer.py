@@ -1,0 +1,66 @@
+"""``GET /_mirror/fills/<etag>``: a fill in progress, for the other nodes of a fleet on one bucket.
+
+The node that holds a fill's lease publishes its ``--node-url`` and a random token in the lease object. A node that
+follows the fill streams it from here into its own partial file, so its clients get bytes as fast as the leader's
+do instead of waiting for the commit. Like a client of the fill, a peer gets the last byte only once the blob is
+verified. Without the token of a fill in progress on this node the answer is a 404 that tells nothing more, and
+the token is only readable by whoever can read the bucket (which holds the blobs anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from mirror import hf
+from mirror.errors import EntryNotFound, MethodNotAllowed, MirrorError
+from mirror.fill import FillManager
+from mirror.metrics import Metrics
+from mirror.routes.common import Receive, Scope, Send, header, parse_range, send_error
+from mirror.routes.resolve import send_fill_range, watch_disconnect
+
+log = logging.getLogger("hf_mirror.peer")
+
+_TOKEN_HEADER = hf.H_PEER_TOKEN.lower().encode()
+
+
+class PeerFillHandler:
+    def __init__(self, fills: FillManager, metrics: Metrics, *, chunk_size: int) -> None:
+        self.fills = fills
+        self.metrics = metrics
+        self.chunk_size = chunk_size
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, etag: str) -> str:
+        fill = self.fills.get(etag)
+        token = header(scope, _TOKEN_HEADER)
+        try:
+            if scope["method"] != "GET":
+                raise MethodNotAllowed(f"{scope['method']} is not allowed here")
+            if fill is None or not token or not await self.fills.opens_to_peer(fill, token):
+                raise EntryNotFound(None, "No fill of this blob is in progress on this node")
+            size = fill.spec.size
+            byte_range = parse_range(header(scope, b"range"), size)
+        except MirrorError as exc:
+            await send_error(send, exc)
+            return "error"
+        start, end = byte_range or (0, size - 1)
+        headers = [(b"content-type", b"application/octet-stream"), (b"etag", f'"{etag}"'.encode()),
+                   (b"content-length", str(end - start + 1).encode())]
+        if byte_range is not None:
+            headers.append((b"content-range", f"bytes {start}-{end}/{size}".encode()))
+        await send({"type": "http.response.start", "status": 206 if byte_range else 200, "headers": headers})
+        if size == 0:
+            await send({"type": "http.response.body", "body": b""})
+            return "peer"
+        disconnected = asyncio.Event()
+        watcher = asyncio.create_task(watch_disconnect(receive, disconnected))
+        try:
+            sent = await send_fill_range(scope, send, self.fills, fill, start, end - start + 1, self.chunk_size,
+                                         disconnected)
+            self.metrics.bytes_served.labels(source="peer").inc(sent)
+        except Exception as exc:  # noqa: BLE001 - cut the connection: the peer resumes or falls back
+            log.info("peer stream of %s ended early: %s", etag, exc)
+            return "aborted"
+        finally:
+            watcher.cancel()
+        return "peer"
