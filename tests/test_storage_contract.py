@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from mirror.errors import IntegrityError
-from mirror.storage.base import BlobStore
+from mirror.storage.base import BlobStore, PeerAddress
 from mirror.storage.local import LocalBlobStore
 from tests import s3_server
 from tests.mirror_proc import REPO_ROOT
@@ -128,6 +128,37 @@ async def test_committed_blob_is_seen_by_every_store_on_the_backing(stores: Stor
     assert info is not None and info.size == len(data)
     local = await second.local_path(etag)  # for s3: fetched into the second node's hot tier
     assert local is not None and local.read_bytes() == data
+
+
+async def test_adopt_keeps_a_verified_copy_of_a_committed_blob(stores: Stores) -> None:
+    """A follower node that streamed a blob from its peer keeps that copy instead of fetching it again."""
+    first, second = await stores.new(), await stores.new()
+    data = os.urandom(50_000)
+    etag = sha256(data)
+    copy = second.partial_path(etag).with_name(f"{etag}.peer-copy")
+    copy.write_bytes(data)
+    assert await second.adopt(etag, copy) is None, "nothing to adopt before the commit"
+    assert copy.exists()
+    _, partial = write_partial(first, data)
+    await first.commit(etag, partial)
+    local = await second.adopt(etag, copy)
+    assert local is not None and local.read_bytes() == data
+    assert not copy.exists()
+    assert await second.local_path(etag) == local
+
+
+async def test_lease_publishes_the_holders_peer_address(stores: Stores) -> None:
+    first, second = await stores.new(), await stores.new()
+    etag = sha256(b"peer")
+    assert await first.acquire_lease(etag, "owner-a", 30, PeerAddress("http://node-a:8090", "t0ken")) is True
+    lease = await second.read_lease(etag)
+    assert lease is not None and lease.owner == "owner-a"
+    if stores.backend == "s3":  # on one host, followers read the partial file and need no address
+        assert lease.peer == PeerAddress("http://node-a:8090", "t0ken")
+        assert await first.refresh_lease(etag, "owner-a", 30) is True
+        refreshed = await second.read_lease(etag)
+        assert refreshed is not None and refreshed.peer == lease.peer, "a refresh keeps the address"
+    await first.release_lease(etag, "owner-a")
 
 
 async def test_commit_is_atomic_for_concurrent_readers(stores: Stores) -> None:
