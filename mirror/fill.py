@@ -107,7 +107,10 @@ class Fill:
 
     def __init__(self, spec: FillSpec, partial: Path) -> None:
         self.spec = spec
-        self.partial = partial
+        self.partial = partial  # where this process's download (or copy from a peer) of the blob is written
+        # The file readers follow while the fill runs: ``partial`` once the fill knows it downloads or follows;
+        # for a blob already committed in a remote store, the file the store copies it into (see follow_copy).
+        self.source: Path | None = None
         self.written = 0
         self.committed: Path | None = None
         self.verified = False  # every byte written and hashed against the etag: readers may take the last byte
@@ -131,6 +134,11 @@ class Fill:
             self.written = self.spec.size
         self._wake()
 
+    def follow_copy(self, file: Path, written: int) -> None:
+        """The store's progress report while it copies a committed blob onto this node's disk."""
+        self.source = file
+        self.advance(written)
+
     def verify(self) -> None:
         self.verified = True
         self._wake()
@@ -138,6 +146,10 @@ class Fill:
     def _wake(self) -> None:
         event, self._progress = self._progress, asyncio.Event()
         event.set()
+
+    async def changed(self) -> None:
+        """Return at the next progress report, verification or end."""
+        await self._progress.wait()
 
     async def wait_beyond(self, offset: int) -> None:
         """Return once more than ``offset`` bytes are readable, or the fill has finished."""
@@ -186,15 +198,15 @@ class FillManager:
         return lease is not None and lease.peer is not None and hmac.compare_digest(lease.peer.token, token)
 
     async def start(self, spec: FillSpec) -> Fill | None:
-        """Join or start the fill of ``spec.etag``; ``None`` when the blob is already committed."""
+        """Join or start the fill of ``spec.etag``; ``None`` when the blob is already on this node's disk.
+
+        A blob committed in a remote store but not on this disk is a fill too: readers follow its copy.
+        """
         fill = self._fills.get(spec.etag)
         if fill is not None:
             return fill
-        if await self.store.stat(spec.etag) is not None:
+        if self.store.cached_path(spec.etag) is not None:
             return None
-        fill = self._fills.get(spec.etag)  # another request may have started it while we looked
-        if fill is not None:
-            return fill
         fill = Fill(spec, self.store.partial_path(spec.etag))
         self._fills[spec.etag] = fill
         fill.task = asyncio.create_task(self._drive(fill), name=f"fill:{spec.etag[:12]}")
@@ -232,12 +244,11 @@ class FillManager:
 
         When the last reader of a non-detached fill leaves before it ends, the fill is cancelled.
         """
-        fd = self._open_partial_or_blob(fill)
-        if fd is None:
-            await fill.wait_beyond(0)
-            fd = self._open_partial_or_blob(fill)
-            if fd is None:
-                raise fill.error or MirrorError("partial file vanished")
+        # The file may not exist yet, or may be renamed into place between a progress report and the commit.
+        while (fd := self._open_partial_or_blob(fill)) is None:
+            if fill.finished:
+                raise fill.error or MirrorError("the blob's file vanished")
+            await fill.changed()
         fill.readers += 1
         try:
             yield fd
@@ -257,7 +268,7 @@ class FillManager:
         return fill.readable_end()
 
     def _open_partial_or_blob(self, fill: Fill) -> int | None:
-        for path in (fill.partial, fill.committed):
+        for path in (fill.source, fill.committed):
             if path is None:
                 continue
             try:
@@ -278,6 +289,7 @@ class FillManager:
                 if await self.store.stat(spec.etag) is not None:
                     fill.finish(await self._local_copy(fill, copy))
                     break
+                fill.source = fill.partial
                 if await self.store.acquire_lease(spec.etag, self.owner, self.lease_ttl, peer):
                     try:
                         await self._download(fill)
@@ -357,7 +369,14 @@ class FillManager:
             adopted = await self.store.adopt(fill.spec.etag, fill.partial)
             if adopted is not None:
                 return adopted
-        return await self.store.local_path(fill.spec.etag)
+        elif copy.offset:
+            # Our readers follow the partial copy a broken peer stream left: cut them (they resume by Range and
+            # find the blob) rather than move them to another file in the middle of a read.
+            raise UpstreamUnavailable("the stream of this blob from its filling node broke before the commit")
+        path = await self.store.local_path(fill.spec.etag, progress=fill.follow_copy)
+        if path is None:
+            raise MirrorError(f"blob {fill.spec.etag} vanished from the store")
+        return path
 
     async def _download(self, fill: Fill) -> None:
         spec = fill.spec

@@ -124,18 +124,18 @@ class MirrorService:
         await self.access.check(repo, "content", caller, probe)
 
     async def open_blob(self, resolved: ResolvedFile, caller: Caller) -> BlobSource:
-        """A committed blob's path, or the fill that is producing it (started here when needed)."""
+        """The blob's file on this disk, or the fill producing it: from upstream, or from a remote store."""
         entry = resolved.entry
-        path = await self.store.local_path(entry.etag)
+        path = self.store.cached_path(entry.etag)
         if path is not None:
             return BlobSource(str(path), None)
-        if self.settings.offline:
+        if self.settings.offline and await self.store.stat(entry.etag) is None:
             raise OfflineMiss(f"{entry.path} is not cached and the mirror is offline")
         spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size, token=caller.token,
                         cdn_url=resolved.cdn_url, detached=False)
         fill = await self.fills.start(spec)
-        if fill is None:  # committed meanwhile
-            path = await self.store.local_path(entry.etag)
+        if fill is None:  # on this disk meanwhile
+            path = self.store.cached_path(entry.etag)
             return BlobSource(str(path) if path else None, None)
         return BlobSource(None, fill)
 

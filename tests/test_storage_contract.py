@@ -329,6 +329,26 @@ async def s3_stores(tmp_path: Path, s3: s3_server.S3Server, monkeypatch: pytest.
         await out.close()
 
 
+async def test_s3_copy_into_the_hot_tier_reports_its_progress(s3_stores: Stores) -> None:
+    """Readers follow a hot-tier copy as it grows (FillManager), so a copy of a big blob gives bytes at once."""
+    first, second = await s3_stores.new(), await s3_stores.new()
+    data = os.urandom(10 * 2**20)  # more than one read of the bucket object
+    etag, partial = write_partial(first, data)
+    await first.commit(etag, partial)
+    assert second.cached_path(etag) is None
+    reports: list[tuple[Path, int, bytes]] = []
+
+    def progress(file: Path, written: int) -> None:
+        with open(file, "rb") as f:  # what is reported is in the file already
+            reports.append((file, written, f.read(written)))
+
+    local = await second.local_path(etag, progress=progress)
+    assert local is not None and local.read_bytes() == data and second.cached_path(etag) == local
+    assert len(reports) >= 2 and reports[-1][1] == len(data)
+    assert [written for _, written, _ in reports] == sorted(written for _, written, _ in reports)
+    assert all(prefix == data[:written] for _, written, prefix in reports)
+
+
 async def test_s3_hot_tier_is_bounded_lru(s3_stores: Stores) -> None:
     store = await s3_stores.new(hot_tier_max_size=25_000)
     etags = []

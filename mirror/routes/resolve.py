@@ -116,7 +116,7 @@ class ResolveHandler:
             else:
                 assert source.fill is not None
                 fill = source.fill
-                if start > fill.written + _RANGE_PASSTHROUGH_GAP:
+                if start > fill.written + _RANGE_PASSTHROUGH_GAP and not self.service.settings.offline:
                     await self._send_upstream_range(send, resolved, caller, start, end, disconnected)
                 else:
                     sent = await send_fill_range(scope, send, self.fills, fill, start, length, self.chunk_size,

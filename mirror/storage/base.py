@@ -12,7 +12,7 @@ Every backend passes the contract suite in ``tests/test_storage_contract.py``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -41,14 +41,25 @@ class Lease:
     peer: PeerAddress | None = None
 
 
+CopyProgress = Callable[[Path, int], None]
+
+
 @runtime_checkable
 class BlobStore(Protocol):
     async def stat(self, etag: str) -> BlobInfo | None:
         """The committed blob's info, or ``None`` when it is not (yet) in the store."""
         ...
 
-    async def local_path(self, etag: str) -> Path | None:
-        """A local file holding the whole committed blob (fetched into a hot tier if the backend is remote)."""
+    def cached_path(self, etag: str) -> Path | None:
+        """The committed blob's file on this node's disk now, or ``None``; never fetches. Counts as a read."""
+        ...
+
+    async def local_path(self, etag: str, progress: CopyProgress | None = None) -> Path | None:
+        """A local file holding the whole committed blob (fetched into a hot tier if the backend is remote).
+
+        While a remote blob is being copied in, ``progress(file, bytes)`` reports the file it is copied into and
+        how much of it is written, so that readers can follow the copy instead of waiting for all of it.
+        """
         ...
 
     def partial_path(self, etag: str) -> Path:

@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from mirror.storage.base import BlobInfo, Lease, PeerAddress
+from mirror.storage.base import BlobInfo, CopyProgress, Lease, PeerAddress
 
 _TOUCH_EVERY = 60.0  # seconds: a blob's last-access time is refreshed at most this often
 
@@ -51,9 +51,12 @@ class LocalBlobStore:
     async def stat(self, etag: str) -> BlobInfo | None:
         return self.stat_sync(etag)
 
-    async def local_path(self, etag: str) -> Path | None:
+    def cached_path(self, etag: str) -> Path | None:
         path = self.blob_path(etag)
         return path if path.exists() else None
+
+    async def local_path(self, etag: str, progress: CopyProgress | None = None) -> Path | None:
+        return self.cached_path(etag)  # the disk is the store: nothing is ever copied in
 
     def partial_path(self, etag: str) -> Path:
         return self.partials_dir / f"{etag}.part"

@@ -53,7 +53,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from mirror.errors import IntegrityError, MirrorError
-from mirror.storage.base import BlobInfo, Lease, PeerAddress
+from mirror.storage.base import BlobInfo, CopyProgress, Lease, PeerAddress
 
 log = logging.getLogger("hf_mirror.storage.s3")
 
@@ -196,22 +196,28 @@ class S3BlobStore:
             raise
         return BlobInfo(etag, int(head["ContentLength"]), head["LastModified"].timestamp())
 
-    @_storage_errors
-    async def local_path(self, etag: str) -> Path | None:
-        path = self.blob_path(etag)
+    def cached_path(self, etag: str) -> Path | None:
         info = self._hot_info(etag)
-        if info is not None:
-            self._touch_hot(path, info.last_access)
+        if info is None:
+            return None
+        path = self.blob_path(etag)
+        self._touch_hot(path, info.last_access)
+        return path
+
+    @_storage_errors
+    async def local_path(self, etag: str, progress: CopyProgress | None = None) -> Path | None:
+        path = self.cached_path(etag)
+        if path is not None:
             return path
         # One download per blob in this process; shielded, so a client that hangs up does not cancel it for others.
         task = self._hot_fetches.get(etag)
         if task is None:
-            task = asyncio.create_task(self._fetch_to_hot(etag), name=f"hot:{etag[:12]}")
+            task = asyncio.create_task(self._fetch_to_hot(etag, progress), name=f"hot:{etag[:12]}")
             self._hot_fetches[etag] = task
             task.add_done_callback(lambda _t: self._hot_fetches.pop(etag, None))
         return await asyncio.shield(task)
 
-    async def _fetch_to_hot(self, etag: str) -> Path | None:
+    async def _fetch_to_hot(self, etag: str, progress: CopyProgress | None) -> Path | None:
         """Copy a bucket blob into the hot tier, hashed against its etag on the way."""
         from mirror.fill import BlobHasher  # the fill engine owns the etag -> hash rule
 
@@ -230,13 +236,15 @@ class S3BlobStore:
         self._busy.add(etag)
         try:
             received = 0
-            with open(tmp, "wb") as f:
+            with open(tmp, "wb", buffering=0) as f:  # unbuffered: what progress reports is in the file
                 body = response["Body"]
                 try:
                     while chunk := await body.read(_READ_CHUNK):
-                        await asyncio.to_thread(f.write, chunk)
+                        await asyncio.to_thread(_write_fully, f, chunk)
                         hasher.update(chunk)
                         received += len(chunk)
+                        if progress is not None:
+                            progress(tmp, received)
                 finally:
                     body.close()
             if received != size or not hasher.matches():
@@ -615,6 +623,12 @@ def _status(exc: ClientError) -> int:
 
 def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", "?"))
+
+
+def _write_fully(f: Any, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[f.write(view):]
 
 
 def _read_range(path: Path, offset: int, length: int) -> bytes:
