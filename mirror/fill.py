@@ -118,6 +118,7 @@ class Fill:
         self.readers = 0
         self.task: asyncio.Task[None] | None = None
         self.peer_token = secrets.token_urlsafe(24)  # published in our lease: opens this fill to the other nodes
+        self.leading = False  # this process holds the lease and downloads
         self._progress = asyncio.Event()
 
     @property
@@ -192,8 +193,8 @@ class FillManager:
 
     async def opens_to_peer(self, fill: Fill, token: str) -> bool:
         """``token`` is the one our lease on the fill publishes (or, if another process here holds it, its)."""
-        if hmac.compare_digest(fill.peer_token, token):
-            return True
+        if fill.leading:
+            return hmac.compare_digest(fill.peer_token, token)
         lease = await self.store.read_lease(fill.spec.etag)
         return lease is not None and lease.peer is not None and hmac.compare_digest(lease.peer.token, token)
 
@@ -291,6 +292,7 @@ class FillManager:
                     break
                 fill.source = fill.partial
                 if await self.store.acquire_lease(spec.etag, self.owner, self.lease_ttl, peer):
+                    fill.leading = True
                     try:
                         await self._download(fill)
                     finally:
@@ -363,7 +365,7 @@ class FillManager:
         copy.verified = True
         fill.verify()
 
-    async def _local_copy(self, fill: Fill, copy: _PeerCopy) -> Path | None:
+    async def _local_copy(self, fill: Fill, copy: _PeerCopy) -> Path:
         """This node's file of a blob just committed: the verified copy streamed from a peer, else the store's."""
         if copy.verified:
             adopted = await self.store.adopt(fill.spec.etag, fill.partial)

@@ -220,8 +220,9 @@ class UpstreamClient:
                 raw = pool.request("GET", current, headers=self._headers(current, token, headers), redirect=False,
                                    preload_content=False, decode_content=False)
             except urllib3.exceptions.HTTPError as exc:
-                if observe:
-                    self._mark(False, f"{type(exc).__name__}: {exc}")
+                if not observe:  # a peer node: its address is no secret (a CDN URL's signature is)
+                    raise UpstreamUnavailable(f"{current} is unreachable: {type(exc).__name__}") from exc
+                self._mark(False, f"{type(exc).__name__}: {exc}")
                 raise UpstreamTimeout(f"Upstream {self.base} is unreachable: {type(exc).__name__}") from exc
             if observe:
                 self._observe(raw.status, started)
