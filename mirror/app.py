@@ -58,9 +58,12 @@ class Mirror:
         )
         self.access = AccessPolicy(self.index, ttl=settings.access_ttl, fail_open=settings.access_fail_open,
                                    offline=settings.offline)
-        self.service = MirrorService(settings, self.index, self.store, self.upstream, self.fills, self.access, metrics)
         self.cache = CacheManager(self.store, self.index, metrics, max_size=settings.max_size,
-                                  is_busy=self.fills.is_filling)
+                                  is_busy=self.fills.is_filling, root=settings.cache_dir,
+                                  min_free_space=settings.min_free_space or 0,
+                                  evicts_for_disk=settings.storage == "local")
+        self.service = MirrorService(settings, self.index, self.store, self.upstream, self.fills, self.access, metrics,
+                                     make_room=self.cache.make_room)
         self.resolve = ResolveHandler(self.service, self.fills, self.upstream, metrics,
                                       chunk_size=settings.serve_chunk_size, accel_redirect=settings.accel_redirect)
         self.api = ApiHandler(self.service, metrics, max_paths_info=settings.max_paths_info)

@@ -44,7 +44,7 @@ class _Parts:
         self.index = MetadataIndex(settings.cache_dir / "index")
         self.metrics = Metrics()
         self.cache = CacheManager(self.store, self.index, self.metrics, max_size=settings.max_size,
-                                  is_busy=self.store.lease_held)
+                                  is_busy=self.store.lease_held, root=settings.cache_dir)
 
     def close(self) -> None:
         self.index.close()

@@ -28,6 +28,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     add("--upstream-token", help="Hub token used for callers that send none (or HF_TOKEN)")
     add("--workers", type=int, help="worker processes (default 1); they share one cache and one fill per file")
     add("--max-size", help="disk quota for blobs, e.g. 500G; least recently used unpinned blobs are evicted")
+    add("--min-free-space", help="free disk a new fill must leave, e.g. 10G (default 256M): short of it, old blobs "
+        "are evicted, else the file is relayed without being stored")
     add("--storage", choices=("local", "s3"),
         help="where blobs live: local (under --cache-dir) or s3 (a bucket shared by several nodes)")
     add("--s3-endpoint", help="S3-compatible endpoint URL (default: AWS S3); credentials from AWS_* env vars")

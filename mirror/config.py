@@ -81,6 +81,9 @@ class Settings:
     accel_redirect: str | None = None
     # Disk.
     max_size: int | None = None
+    # Free disk a new fill must leave under cache_dir. Short of it, least recently used blobs are evicted (local
+    # storage) and, if that is not enough, the file is relayed from upstream without being stored.
+    min_free_space: int | None = 256 * 1024**2
     gc_interval: float = 600.0
     # Blob storage (issue 9): ``local`` keeps blobs under cache_dir; ``s3`` keeps them in an S3-compatible bucket
     # shared by every node, with cache_dir as a bounded local hot tier. Credentials come from the standard AWS
@@ -156,7 +159,7 @@ def _coerce(name: str, raw: Any) -> Any:
     """Turn a TOML/env/CLI value into the field's type, with a clear error."""
     kind = str(_FIELDS[name].type)
     try:
-        if name in ("max_size", "hot_tier_max_size"):
+        if name in ("max_size", "hot_tier_max_size", "min_free_space"):
             return parse_size(raw)
         if kind.startswith("bool"):
             if isinstance(raw, bool):

@@ -188,6 +188,11 @@ class FillManager:
     def is_filling(self, etag: str) -> bool:
         return etag in self._fills
 
+    @property
+    def bytes_to_write(self) -> int:
+        """Disk that the fills in progress will still take."""
+        return sum(max(fill.spec.size - fill.written, 0) for fill in self._fills.values())
+
     def get(self, etag: str) -> Fill | None:
         return self._fills.get(etag)
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mirror.hf import RepoRef, RepoType
@@ -59,8 +61,13 @@ class GcReport:
 
 class CacheManager:
     def __init__(self, store: BlobStore, index: MetadataIndex, metrics: Metrics, *, max_size: int | None,
-                 is_busy: Callable[[str], bool]) -> None:
+                 is_busy: Callable[[str], bool], root: Path, min_free_space: int = 0,
+                 evicts_for_disk: bool = True) -> None:
         self.store = store
+        self.root = root  # the disk fills write to
+        self.min_free_space = min_free_space
+        # Local storage: blobs on this disk can go to make room. A shared bucket is not this disk's to evict.
+        self.evicts_for_disk = evicts_for_disk
         self.index = index
         self.metrics = metrics
         self.max_size = max_size
@@ -125,6 +132,24 @@ class CacheManager:
                 log.warning("cache is %d bytes, over the %d quota: the rest is pinned or in use", total, limit)
             self.metrics.cache_bytes.set(total)
             return GcReport(evicted, freed, total)
+
+    async def make_room(self, size: int, reserved: int) -> bool:
+        """Disk for a new blob of ``size`` bytes beside ``reserved`` bytes that fills in progress have yet to write,
+        leaving ``min_free_space``; evicts least recently used blobs (local storage) to get it. False: no room."""
+        shortfall = self._shortfall(size + reserved)
+        if shortfall <= 0:
+            return True
+        if self.evicts_for_disk:
+            total = sum(blob.size for blob in await self.blobs())
+            report = await self.collect(max_size=max(total - shortfall, 1))
+            log.warning("disk short by %d bytes for a new fill: evicted %d blobs (%d bytes)", shortfall,
+                        report.evicted, report.freed_bytes)
+            shortfall = self._shortfall(size + reserved)
+        return shortfall <= 0
+
+    def _shortfall(self, need: int) -> int:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return need + self.min_free_space - shutil.disk_usage(self.root).free
 
     async def run_periodically(self, interval: float) -> None:
         while True:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
@@ -38,7 +39,8 @@ class ResolvedFile:
 
 @dataclass(frozen=True)
 class BlobSource:
-    """Where the bytes of a resolved file come from: a committed local file, or a fill in progress."""
+    """Where the bytes of a resolved file come from: a committed local file, a fill in progress, or (neither: no
+    room on disk) upstream, relayed without being stored."""
 
     path: str | None
     fill: Fill | None
@@ -54,7 +56,8 @@ class ApiResult:
 
 class MirrorService:
     def __init__(self, settings: Settings, index: MetadataIndex, store: BlobStore, upstream: UpstreamClient,
-                 fills: FillManager, access: AccessPolicy, metrics: Metrics) -> None:
+                 fills: FillManager, access: AccessPolicy, metrics: Metrics,
+                 make_room: Callable[[int, int], Awaitable[bool]] | None = None) -> None:
         self.settings = settings
         self.index = index
         self.store = store
@@ -62,6 +65,7 @@ class MirrorService:
         self.fills = fills
         self.access = access
         self.metrics = metrics
+        self.make_room = make_room
 
     # --- files -----------------------------------------------------------------------------------------------------
 
@@ -133,6 +137,11 @@ class MirrorService:
             raise OfflineMiss(f"{entry.path} is not cached and the mirror is offline")
         spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size, token=caller.token,
                         cdn_url=resolved.cdn_url, detached=False)
+        if (self.make_room is not None and not self.settings.offline and not self.fills.is_filling(entry.etag)
+                and not await self.make_room(entry.size, self.fills.bytes_to_write)):
+            log.warning("no disk room for %s %s (%d bytes): relaying it without storing it", resolved.repo.key,
+                        entry.path, entry.size)
+            return BlobSource(None, None)
         fill = await self.fills.start(spec)
         if fill is None:  # on this disk meanwhile
             path = self.store.cached_path(entry.etag)

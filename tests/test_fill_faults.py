@@ -203,3 +203,67 @@ def test_429_burst_with_retry_after_is_absorbed(emu, cache, tmp_path):
         assert response.status_code == 200
         assert response.content == emu.files.file_bytes("model", "acme/tiny-model", "main", "config.json")
         assert time.monotonic() - began >= 2  # it waited as told, rather than hammering upstream
+
+
+def test_no_disk_room_relays_without_storing(emu: EmulatorHandle, cache: Path, tmp_path: Path) -> None:
+    """A disk that cannot take the file (here: --min-free-space above what is free) still serves it, from
+    upstream, and stores nothing; the real client gets the right bytes."""
+    import shutil
+
+    impossible = str(shutil.disk_usage(tmp_path).free + 2**40)
+    data = emu.files.file_bytes("dataset", BIG, "main", "big.bin")
+    with MirrorProcess(emu.url, cache, "--min-free-space", impossible).start() as mirror:
+        response = httpx.get(mirror.url + BIG_URL, timeout=60)
+        assert response.status_code == 200 and response.content == data
+        assert response.headers["x-mirror-cache"] == "passthrough"
+        ranged = httpx.get(mirror.url + BIG_URL, headers={"range": "bytes=1000-1999"}, timeout=60)
+        assert ranged.status_code == 206 and ranged.content == data[1000:2000]
+        code = ("import json; from huggingface_hub import hf_hub_download; "
+                "p = hf_hub_download('acme/tiny-model', 'model.safetensors'); "
+                "print(json.dumps({'size': len(open(p, 'rb').read())}))")
+        expected = len(emu.files.file_bytes("model", "acme/tiny-model", "main", "model.safetensors"))
+        assert run_client(code, mirror.url, tmp_path / "client") == {"size": expected}
+        assert not blob(cache, big_sha(emu)).exists()
+        stored = [p for p in (cache / "blobs").rglob("*") if p.is_file()] if (cache / "blobs").exists() else []
+        assert stored == [], stored
+        assert "relaying it without storing it" in mirror.log()
+
+
+async def test_make_room_evicts_least_recently_used_blobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short of disk for a new fill, the oldest unpinned blobs go first, and only as many as needed."""
+    import os
+    import shutil
+
+    from mirror.gc import CacheManager
+    from mirror.index import MetadataIndex
+    from mirror.metrics import Metrics
+    from mirror.storage.local import LocalBlobStore
+
+    store = LocalBlobStore(tmp_path / "cache")
+    etags = []
+    for i in range(3):
+        data = bytes([i]) * 1000
+        etag = hashlib.sha256(data).hexdigest()
+        partial = store.partial_path(etag)
+        partial.write_bytes(data)
+        path = await store.commit(etag, partial)
+        os.utime(path, (1000 + i, 1000 + i))  # blob 0 is the least recently used
+        etags.append(etag)
+    stored = {"free": 10_000}
+
+    def disk_usage(_path: object) -> object:
+        on_disk = sum(1000 for e in etags if store.blob_path(e).exists())
+        return shutil._ntuple_diskusage(100_000, 0, stored["free"] - on_disk)  # noqa: SLF001
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    index = MetadataIndex(tmp_path / "cache" / "index")
+    try:
+        cache = CacheManager(store, index, Metrics(), max_size=None, is_busy=lambda _e: False,
+                             root=tmp_path / "cache", min_free_space=5_000)
+        assert await cache.make_room(1_000, 0)  # 7,000 free: enough, nothing evicted
+        assert all(store.blob_path(e).exists() for e in etags)
+        assert await cache.make_room(2_500, 0)  # short by 500: the oldest blob goes, no more
+        assert [store.blob_path(e).exists() for e in etags] == [False, True, True]
+        assert not await cache.make_room(20_000, 0)  # more than eviction can free
+    finally:
+        index.close()

@@ -91,7 +91,10 @@ class ResolveHandler:
             self.metrics.requests.labels(route="resolve", outcome="error").inc()
             await send_error(send, exc, head=head)
             return "error"
-        outcome = "stale" if resolved.outcome == "stale" else ("hit" if source.path else "miss")
+        if resolved.outcome == "stale":
+            outcome = "stale"
+        else:
+            outcome = "hit" if source.path else ("miss" if source.fill else "passthrough")
         self.metrics.requests.labels(route="resolve", outcome=outcome).inc()
         headers = file_headers(resolved, outcome)
         if source.path and self.accel_redirect:
@@ -113,8 +116,9 @@ class ResolveHandler:
                 sent = await send_file_range(send, source.path, start, length, self.chunk_size, disconnected,
                                              raw_send=scope.get("hf_mirror.raw_send"))
                 self.metrics.bytes_served.labels(source="cache").inc(sent)
+            elif source.fill is None:  # no room on disk: relayed, not stored
+                await self._send_upstream_range(send, resolved, caller, start, end, disconnected)
             else:
-                assert source.fill is not None
                 fill = source.fill
                 if start > fill.written + _RANGE_PASSTHROUGH_GAP and not self.service.settings.offline:
                     await self._send_upstream_range(send, resolved, caller, start, end, disconnected)
