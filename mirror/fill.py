@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlencode
 
 import httpx
 from prometheus_client import Counter
@@ -203,6 +204,15 @@ class FillManager:
         lease = await self.store.read_lease(fill.spec.etag)
         return lease is not None and lease.peer is not None and hmac.compare_digest(lease.peer.token, token)
 
+    async def join_for_peer(self, spec: FillSpec, token: str) -> Fill | None:
+        """A peer asks this process for a fill that another process of this node leads (a peer's connection
+        lands on any worker): follow it here too, once the lease shows the token is good."""
+        lease = await self.store.read_lease(spec.etag)
+        if (lease is None or lease.peer is None or lease.peer.url != self.node_url
+                or not hmac.compare_digest(lease.peer.token, token)):
+            return None
+        return await self.start(spec)
+
     async def start(self, spec: FillSpec) -> Fill | None:
         """Join or start the fill of ``spec.etag``; ``None`` when the blob is already on this node's disk.
 
@@ -347,7 +357,10 @@ class FillManager:
         before = copy.offset
         fd = os.open(fill.partial, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            async with self.upstream.stream_peer(peer.url + PEER_ROUTE + spec.etag, peer.token, copy.offset) as body:
+            # What the fill is rides along, so that any worker process of the peer node can follow it for us.
+            query = urlencode({"repo": spec.repo.key, "commit": spec.commit, "path": spec.path, "size": spec.size})
+            url = f"{peer.url}{PEER_ROUTE}{spec.etag}?{query}"
+            async with self.upstream.stream_peer(url, peer.token, copy.offset) as body:
                 cursor = _Cursor(copy.offset)
                 try:
                     await self._pump(fill, body, fd, cursor, copy.hasher, self.metrics.bytes_from_peers)

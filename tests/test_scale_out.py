@@ -221,6 +221,37 @@ def test_follower_node_streams_the_fill_from_the_leader(emulator_clean: Emulator
     print(f"peer streaming: {from_peers / 2**20:.1f} MiB from node A; B had 1 MiB while A was still filling")
 
 
+def test_peer_stream_from_a_node_with_two_workers(emulator_clean: EmulatorHandle, fleet: Fleet) -> None:
+    """A peer's connection lands on either worker of the filling node: both serve it (one follows the other)."""
+    emu = emulator_clean
+    (a,) = fleet.start(1, emu.url, "--workers", "2")
+    (b,) = fleet.start(1, emu.url)
+    data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
+    etag = emu.files.etag(*BIG[:2], "main", BIG[2])
+    emu.set_faults(throttle_bps=2 * 2**20)
+    leader = threading.Thread(target=get, args=(a.url + BIG_URL,))
+    leader.start()
+    _wait_for(lambda: f"leases/{etag}" in fleet.bucket_keys(), "node A to hold the fill lease")
+    lease = json.loads(fleet.s3.client().get_object(Bucket=fleet.s3.bucket,
+                                                    Key=f"{fleet.prefix}leases/{etag}")["Body"].read())
+    query = f"repo=dataset:{BIG[1]}&commit={emu.files.commit(*BIG[:2], 'main')}&path={BIG[2]}&size={BIG_SIZE}"
+
+    def as_peer(_i: int) -> tuple[int, bytes]:
+        with httpx.Client(timeout=30) as client:  # a connection of its own: either of A's workers takes it
+            response = client.get(f"{a.url}/_mirror/fills/{etag}?{query}",
+                                  headers={"x-mirror-peer-token": lease["peer"]["token"], "range": "bytes=100-"})
+            return response.status_code, response.content
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        node_b = pool.submit(get, b.url + BIG_URL)
+        peers = list(pool.map(as_peer, range(6)))  # all six on the same worker: 1 chance in 32
+        assert node_b.result()[1] == data
+    leader.join(30)
+    assert peers == [(206, data[100:])] * 6
+    assert emu.fetch_count(*BIG) == 1, emu.stats()["fetches"]
+    assert _metric(b, "hf_mirror_bytes_from_peers_total") > 0, b.log()[-3000:]
+
+
 def test_peer_route_needs_the_lease_token(emulator_clean: EmulatorHandle, fleet: Fleet) -> None:
     emu = emulator_clean
     (a,) = fleet.start(1, emu.url)

@@ -4,24 +4,28 @@ The node that holds a fill's lease publishes its ``--node-url`` and a random tok
 follows the fill streams it from here into its own partial file, so its clients get bytes as fast as the leader's
 do instead of waiting for the commit. Like a client of the fill, a peer gets the last byte only once the blob is
 verified. Without the token of a fill in progress on this node the answer is a 404 that tells nothing more, and
-the token is only readable by whoever can read the bucket (which holds the blobs anyway).
+the token is only readable by whoever can read the bucket (which holds the blobs anyway). A peer's connection may
+land on any worker process of the node; the query names the file, so that a worker which is not the one filling
+follows its sibling's partial file and serves the peer all the same.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 from mirror import hf
 from mirror.errors import EntryNotFound, MethodNotAllowed, MirrorError
-from mirror.fill import FillManager
+from mirror.fill import Fill, FillManager, FillSpec
 from mirror.metrics import Metrics
-from mirror.routes.common import Receive, Scope, Send, header, parse_range, send_error
+from mirror.routes.common import Receive, Scope, Send, header, parse_range, query_pairs, send_error
 from mirror.routes.resolve import send_fill_range, watch_disconnect
 
 log = logging.getLogger("hf_mirror.peer")
 
 _TOKEN_HEADER = hf.H_PEER_TOKEN.lower().encode()
+_ETAG = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # blob names: git sha1 or sha256, nothing path-like
 
 
 class PeerFillHandler:
@@ -36,6 +40,10 @@ class PeerFillHandler:
         try:
             if scope["method"] != "GET":
                 raise MethodNotAllowed(f"{scope['method']} is not allowed here")
+            if not _ETAG.fullmatch(etag):
+                fill = None
+            elif fill is None and token:
+                fill = await self._join(scope, etag, token)
             if fill is None or not token or not await self.fills.opens_to_peer(fill, token):
                 raise EntryNotFound(None, "No fill of this blob is in progress on this node")
             size = fill.spec.size
@@ -64,3 +72,16 @@ class PeerFillHandler:
         finally:
             watcher.cancel()
         return "peer"
+
+    async def _join(self, scope: Scope, etag: str, token: str) -> Fill | None:
+        """No fill of ``etag`` in this worker: follow the one a sibling worker leads, as the query describes it."""
+        query = dict(query_pairs(scope))
+        try:
+            repo_type, _, repo_id = query["repo"].partition(":")
+            spec = FillSpec(hf.RepoRef(hf.RepoType(repo_type), repo_id), query["commit"], query["path"], etag,
+                            int(query["size"]))
+        except (KeyError, ValueError):
+            return None
+        if not hf.is_commit(spec.commit) or spec.size < 0:
+            return None
+        return await self.fills.join_for_peer(spec, token)
