@@ -215,7 +215,9 @@ def test_follower_node_streams_the_fill_from_the_leader(emulator_clean: Emulator
     assert emu.fetch_count(*BIG) == 1, emu.stats()["fetches"]
     from_peers = _metric(b, "hf_mirror_bytes_from_peers_total")
     assert from_peers > 0, f"node B did not stream from node A:\n{b.log()[-3000:]}"
-    # B kept the verified copy it streamed as its hot-tier file: a second request is a local hit.
+    # B kept the verified copy it streamed as its hot-tier file (once A's upload is in the bucket): a second
+    # request is a local hit.
+    _wait_for(lambda: not _fill_active(b), "node B's fill to end with A's commit")
     status, body, headers = get(b.url + BIG_URL)
     assert status == 200 and body == data and headers.get("x-mirror-cache") == "hit", (status, headers)
     print(f"peer streaming: {from_peers / 2**20:.1f} MiB from node A; B had 1 MiB while A was still filling")

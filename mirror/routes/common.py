@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -36,8 +37,12 @@ def mirror_base(scope: Scope) -> str:
     return f"{scope.get('scheme', 'http')}://{host}{scope.get('root_path', '')}"
 
 
+_CONTROL = dict.fromkeys([*range(0x20), 0x7F], "?")
+
+
 def _header_safe(text: str) -> str:
-    return " ".join(text.split()).encode("latin-1", "replace").decode("latin-1")[:500]
+    """A header value: one line, latin-1, no control characters (the message may quote a client's path)."""
+    return " ".join(text.split()).translate(_CONTROL).encode("latin-1", "replace").decode("latin-1")[:500]
 
 
 def error_parts(exc: MirrorError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
@@ -99,8 +104,11 @@ def query_pairs(scope: Scope) -> list[tuple[str, str]]:
     return parse_qsl(raw, keep_blank_values=True)
 
 
+_ENCODED_CONTROL = re.compile(r"%(?:[01][0-9a-f]|7f)")
+
+
 def check_raw_path(raw_path: str) -> None:
-    """Refuse encodings that only an attacker sends: encoded dots and backslashes, NUL."""
+    """Refuse encodings that only an attacker sends: encoded dots and backslashes, control characters."""
     lowered = raw_path.lower()
-    if "%2e" in lowered or "%5c" in lowered or "%00" in lowered or "\\" in raw_path:
+    if "%2e" in lowered or "%5c" in lowered or "\\" in raw_path or _ENCODED_CONTROL.search(lowered):
         raise BadRequest("Invalid characters in path")
