@@ -693,6 +693,9 @@ class MirrorBackend:
             if response.headers.get(hf.H_MIRROR_CACHE) == "hit":
                 progress(item.size)
                 return None  # cached: the body is not read, the connection is closed
+            if response.headers.get(hf.H_MIRROR_CACHE) == "passthrough":
+                raise MirrorError(f"the mirror has no disk room for {item.path} ({item.size} bytes): it would "
+                                  "relay the file without storing it; free disk or lower --min-free-space")
             async for chunk in response.aiter_raw(1024 * 1024):
                 received += len(chunk)
                 progress(received)

@@ -393,6 +393,18 @@ def test_sync_through_a_running_mirror(emu: Any, hub: Hub, tmp_path: Path) -> No
         assert fetched_bytes(second.stdout) == 0
 
 
+def test_sync_through_a_mirror_without_disk_room_fails_loudly(emu: Any, tmp_path: Path) -> None:
+    """A mirror that relays instead of storing (no disk room) must not let a sync report success."""
+    import shutil
+
+    manifest = write_manifest(tmp_path / "sync.toml", MANIFEST)
+    impossible = str(shutil.disk_usage(tmp_path).free + 2**40)
+    with MirrorProcess(emu.url, tmp_path / "cache", "--min-free-space", impossible) as mirror:
+        result = cli("sync", "--manifest", str(manifest), "--mirror", mirror.url)
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "no disk room" in result.stdout + result.stderr
+
+
 def test_failures_are_reported_per_repo(emu: Any, tmp_path: Path) -> None:
     manifest = write_manifest(tmp_path / "sync.toml", f"""
 [[repo]]
