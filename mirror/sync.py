@@ -676,7 +676,7 @@ class MirrorBackend:
         if not self.dry_run:
             return False  # the GET itself tells (X-Mirror-Cache: hit), and stops at once on a hit
         response = await self.client.head(self._resolve_url(job, item), headers=self._headers(job))
-        # A HEAD's X-Mirror-Cache says whether the mirror knew the file's metadata, not certainly its blob.
+        # "hit" on a HEAD: the mirror has the metadata and the blob.
         return response.status_code == 200 and response.headers.get(hf.H_MIRROR_CACHE) == "hit"
 
     def partial_bytes(self, item: RemoteFile) -> int:

@@ -267,3 +267,16 @@ async def test_make_room_evicts_least_recently_used_blobs(tmp_path: Path, monkey
         assert not await cache.make_room(20_000, 0)  # more than eviction can free
     finally:
         index.close()
+
+
+def test_head_says_miss_when_only_the_metadata_is_cached(emu: EmulatorHandle, cache: Path) -> None:
+    url = "/acme/tiny-model/resolve/main/config.json"
+    etag = emu.files.etag("model", "acme/tiny-model", "main", "config.json")
+    with MirrorProcess(emu.url, cache).start() as mirror:
+        assert httpx.get(mirror.url + url).status_code == 200
+        assert httpx.head(mirror.url + url).headers["x-mirror-cache"] == "hit"
+        blob(cache, etag).unlink()  # evicted, say: the metadata stays in the index
+        assert httpx.head(mirror.url + url).headers["x-mirror-cache"] == "miss"
+        again = httpx.get(mirror.url + url)
+        assert again.status_code == 200 and again.headers["x-mirror-cache"] == "miss"
+        assert httpx.head(mirror.url + url).headers["x-mirror-cache"] == "hit"

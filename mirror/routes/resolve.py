@@ -81,11 +81,15 @@ class ResolveHandler:
                 range_headers.append((b"content-range", f"bytes {start}-{end}/{entry.size}".encode()))
             length = end - start + 1
             if head:
-                headers = file_headers(resolved) + range_headers + [(b"content-length", str(length).encode())]
+                outcome = resolved.outcome
+                if outcome == "hit" and not await self.service.has_blob(entry.etag):
+                    outcome = "miss"  # the metadata is known, the bytes would have to be fetched
+                headers = (file_headers(resolved, outcome) + range_headers
+                           + [(b"content-length", str(length).encode())])
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": b""})
-                self.metrics.requests.labels(route="resolve", outcome=resolved.outcome).inc()
-                return resolved.outcome
+                self.metrics.requests.labels(route="resolve", outcome=outcome).inc()
+                return outcome
             source = await self.service.open_blob(resolved, caller)
         except MirrorError as exc:
             self.metrics.requests.labels(route="resolve", outcome="error").inc()
