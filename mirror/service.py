@@ -128,8 +128,13 @@ class MirrorService:
         await self.access.check(repo, "content", caller, probe)
 
     async def has_blob(self, etag: str) -> bool:
-        """The blob is stored: on this disk (one stat), or else in the shared store."""
-        return self.store.cached_path(etag) is not None or await self.store.stat(etag) is not None
+        """The blob is stored: on this disk (one stat), or else in the shared store (False if it cannot tell)."""
+        if self.store.cached_path(etag) is not None:
+            return True
+        try:
+            return await self.store.stat(etag) is not None
+        except MirrorError:  # the shared store is down: a HEAD still answers from the metadata
+            return False
 
     async def open_blob(self, resolved: ResolvedFile, caller: Caller) -> BlobSource:
         """The blob's file on this disk, or the fill producing it: from upstream, or from a remote store."""
