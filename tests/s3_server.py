@@ -34,7 +34,9 @@ def _binary(name: str) -> str | None:
 
 
 def available() -> str | None:
-    """Which server can run here: 'seaweedfs', 'moto' or None."""
+    """Which server can run here: 'seaweedfs', 'moto' or None (``HF_MIRROR_TEST_S3=moto`` picks moto)."""
+    if os.environ.get("HF_MIRROR_TEST_S3") == "moto" and _binary("moto_server"):
+        return "moto"
     if _binary("weed"):
         return "seaweedfs"
     if _binary("moto_server"):
