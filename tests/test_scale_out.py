@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests import s3_server
+from tests.hub_emulator.fixtures import DENIED_TOKEN, GOOD_TOKEN
 from tests.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.mirror_proc import MirrorProcess, run_client
 
@@ -357,3 +358,36 @@ def _wait_for(condition: Any, what: str, timeout: float = 20) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def test_chained_pair_streams_datasets_and_keeps_gated_files_gated(emulator_clean: EmulatorHandle, fleet: Fleet,
+                                                                     tmp_path: Path) -> None:
+    """Through a regional -> central chain, with Xet left on in the client: datasets streaming works, and a gated
+    file cached for an entitled caller is refused to callers without the right token at both ends."""
+    emu = emulator_clean
+    central = fleet.node(emu.url)
+    regional = fleet.node(central.url, s3=False)
+    code = """
+import json
+from datasets import load_dataset
+rows = list(load_dataset("acme/tiny-parquet", split="train", streaming=True))
+print(json.dumps({"rows": len(rows)}))
+"""
+    out = run_client(code, regional.url, tmp_path / "datasets", timeout=180, HF_HUB_DISABLE_XET="0")
+    assert out == {"rows": emu.files.row_count("acme/tiny-parquet", "train")}
+    gated = "/acme/gated-model/resolve/main/model.safetensors"
+    data = emu.files.file_bytes("model", "acme/gated-model", "main", "model.safetensors")
+    code = f"""
+import json, hashlib
+from huggingface_hub import hf_hub_download
+p = hf_hub_download("acme/gated-model", "model.safetensors", token="{GOOD_TOKEN}")
+print(json.dumps({{"sha": hashlib.sha256(open(p, "rb").read()).hexdigest()}}))
+"""
+    assert run_client(code, regional.url, tmp_path / "gated", HF_HUB_DISABLE_XET="0") == {"sha": sha256(data)}
+    for node in (regional, central):  # now cached at both ends
+        for headers in ({}, {"authorization": f"Bearer {DENIED_TOKEN}"}, {"authorization": "Bearer hf_bogus"}):
+            response = httpx.get(node.url + gated, headers=headers, timeout=30)
+            assert response.status_code in (401, 403), (node.url, headers, response.status_code)
+            assert response.content != data
+        assert httpx.get(node.url + gated, headers={"authorization": f"Bearer {GOOD_TOKEN}"},
+                         timeout=30).content == data
