@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
+import resource
 from pathlib import Path
 
 import uvicorn
@@ -19,6 +21,9 @@ from mirror.config import Settings
 from mirror.logs import setup_logging
 
 _SETTINGS_ENV = "HF_MIRROR__SETTINGS"
+_WANTED_OPEN_FILES = 1 << 16  # each client of a fill holds a socket and a file: 1,024 would cap us near 500
+
+log = logging.getLogger("hf_mirror")
 
 
 class HttpProtocol(HttpToolsProtocol):
@@ -57,8 +62,25 @@ def worker_app() -> MirrorApp:
     return create_app(settings)
 
 
+def raise_open_file_limit() -> int:
+    """Lift the soft RLIMIT_NOFILE towards the hard limit, as nginx's ``worker_rlimit_nofile`` does; returns it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = _WANTED_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, _WANTED_OPEN_FILES)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            return wanted
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d: %s", soft, exc)
+    return soft
+
+
 def serve(settings: Settings) -> None:
     setup_logging(settings.log_level, settings.log_format, (settings.upstream_token or "",))
+    limit = raise_open_file_limit()  # before the workers fork: they inherit it
+    if limit < 4096:
+        log.warning("open-file limit is %d: at about half that many concurrent clients the mirror refuses more "
+                    "(raise it with ulimit -n or LimitNOFILE=)", limit)
     common = dict(
         host=settings.host, port=settings.port, log_config=None, access_log=False, proxy_headers=True,
         timeout_graceful_shutdown=int(settings.shutdown_grace) + 5, h11_max_incomplete_event_size=64 * 1024,

@@ -122,3 +122,17 @@ def test_sigterm_during_a_fill_exits_promptly_and_leaves_it_resumable(emu, tmp_p
     finally:
         emu.clear_faults()
         mirror.stop()
+
+
+def test_serve_lifts_a_low_open_file_limit() -> None:
+    """A soft limit of 256 open files would refuse clients at about 128 concurrent downloads."""
+    import sys
+
+    code = ("import resource\n"
+            "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+            "from mirror.server import raise_open_file_limit\n"
+            "print(raise_open_file_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    returned, soft, hard = (int(x) for x in out)
+    assert soft == returned and soft >= min(hard, 4096), out
