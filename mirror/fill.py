@@ -207,6 +207,8 @@ class FillManager:
     async def join_for_peer(self, spec: FillSpec, token: str) -> Fill | None:
         """A peer asks this process for a fill that another process of this node leads (a peer's connection
         lands on any worker): follow it here too, once the lease shows the token is good."""
+        if not self.store.partial_path(spec.etag).exists():  # nothing is being filled here: no store round trip
+            return None
         lease = await self.store.read_lease(spec.etag)
         if (lease is None or lease.peer is None or lease.peer.url != self.node_url
                 or not hmac.compare_digest(lease.peer.token, token)):
