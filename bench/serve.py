@@ -55,17 +55,8 @@ def run(size: int, runs: int, workers: int, head_seconds: int) -> list[Report]:
                 span = min(100 * 2**20, size // 2)
                 cases = [("1 client", 1, None), ("8 parallel clients", 8, None),
                          (f"{span / 2**20:.0f} MiB Range from the middle", 1, f"{middle}-{middle + span - 1}")]
-                report = Report(f"Warm GET of a cached {size / 2**20:.0f} MiB file")
-                for name, clients, range_spec in cases:
-                    ours, ref, peaks = [], [], []
-                    for _ in range(runs):
-                        ref.append(parallel_get(nginx_url, clients, range_spec=range_spec))
-                        with PeakRss(proc.proc.pid) as rss:
-                            ours.append(parallel_get(mirror_url, clients, range_spec=range_spec))
-                        peaks.append(rss.peak)
-                    report.add(name, median_of(ours)["mb_s"], median_of(ref)["mb_s"], "MB/s", "nginx sendfile",
-                               peak_rss_mib=round(max(peaks) / 2**20))
-                reports.append(report)
+                reports.append(_warm_table(f"Warm GET of a cached {size / 2**20:.0f} MiB file", cases, runs,
+                                           nginx_url, mirror_url, proc.proc.pid))
                 reports.append(_through_front(emu.url, cache, Path(tmp), runs, cases, nginx_url))
 
                 head = Report(f"Warm HEAD /resolve, 64 connections, {head_seconds} s")
@@ -93,16 +84,27 @@ def _through_front(upstream: str, cache: Path, tmp: Path, runs: int, cases: list
                    nginx_url: str) -> Report:
     """The production layout: deploy/nginx.conf in front of a mirror started with ``--accel-redirect``, on the same
     cache, against plain nginx serving the blob (the front runs 2 nginx workers, as rendered for tests)."""
-    report = Report("Warm GET through the nginx front (deploy/nginx.conf, X-Accel-Redirect)")
     with mirror(upstream, cache, "--accel-redirect", BLOBS_PREFIX) as accel:
+        assert accel.proc is not None
         conf = render_nginx_conf(tmp / "front", accel.port, free_port(), cache)
         with NginxFront(conf) as front:
-            for name, clients, range_spec in cases:
-                ours, ref = [], []
-                for _ in range(runs):
-                    ref.append(parallel_get(nginx_url, clients, range_spec=range_spec))
-                    ours.append(parallel_get(front.url + BIG_PATH, clients, range_spec=range_spec))
-                report.add(name, median_of(ours)["mb_s"], median_of(ref)["mb_s"], "MB/s", "nginx sendfile")
+            return _warm_table("Warm GET through the nginx front (deploy/nginx.conf, X-Accel-Redirect)", cases,
+                               runs, nginx_url, front.url + BIG_PATH, accel.proc.pid)
+
+
+def _warm_table(title: str, cases: list[tuple[str, int, str | None]], runs: int, nginx_url: str, url: str,
+                mirror_pid: int) -> Report:
+    """Each case ``runs`` times, nginx and ``url`` taking turns; with the mirror's peak RSS while ``url`` is read."""
+    report = Report(title)
+    for name, clients, range_spec in cases:
+        ours, ref, peaks = [], [], []
+        for _ in range(runs):
+            ref.append(parallel_get(nginx_url, clients, range_spec=range_spec))
+            with PeakRss(mirror_pid) as rss:
+                ours.append(parallel_get(url, clients, range_spec=range_spec))
+            peaks.append(rss.peak)
+        report.add(name, median_of(ours)["mb_s"], median_of(ref)["mb_s"], "MB/s", "nginx sendfile",
+                   peak_rss_mib=round(max(peaks) / 2**20))
     return report
 
 

@@ -201,17 +201,22 @@ class FillManager:
         """``token`` is the one our lease on the fill publishes (or, if another process here holds it, its)."""
         if fill.leading:
             return hmac.compare_digest(fill.peer_token, token)
-        lease = await self.store.read_lease(fill.spec.etag)
-        return lease is not None and lease.peer is not None and hmac.compare_digest(lease.peer.token, token)
+        return await self._published_peer(fill.spec.etag, token) is not None
+
+    async def _published_peer(self, etag: str, token: str) -> PeerAddress | None:
+        """The peer address the live lease of ``etag`` publishes, if ``token`` is its token."""
+        lease = await self.store.read_lease(etag)
+        if lease is None or lease.peer is None or not hmac.compare_digest(lease.peer.token, token):
+            return None
+        return lease.peer
 
     async def join_for_peer(self, spec: FillSpec, token: str) -> Fill | None:
         """A peer asks this process for a fill that another process of this node leads (a peer's connection
         lands on any worker): follow it here too, once the lease shows the token is good."""
         if not self.store.partial_path(spec.etag).exists():  # nothing is being filled here: no store round trip
             return None
-        lease = await self.store.read_lease(spec.etag)
-        if (lease is None or lease.peer is None or lease.peer.url != self.node_url
-                or not hmac.compare_digest(lease.peer.token, token)):
+        peer = await self._published_peer(spec.etag, token)
+        if peer is None or peer.url != self.node_url:
             return None
         return await self.start(spec)
 

@@ -106,12 +106,15 @@ class CacheManager:
             key=lambda u: (u.type, u.repo_id),
         )
 
-    async def collect(self, max_size: int | None = None) -> GcReport:
-        """Evict least-recently-used unpinned, idle blobs until the total is under the quota."""
+    async def collect(self, max_size: int | None = None, *, free: int = 0) -> GcReport:
+        """Evict least-recently-used unpinned, idle blobs until the total is under the quota, or ``free`` bytes
+        under what it is now (whichever is lower)."""
         limit = max_size if max_size is not None else self.max_size
         async with self._lock:
             blobs = await self.blobs()
             total = sum(b.size for b in blobs)
+            if free > 0:
+                limit = max(min(limit or total, total - free), 1)
             self._update_gauges(blobs)
             if not limit or total <= limit:
                 return GcReport(0, 0, total)
@@ -140,8 +143,7 @@ class CacheManager:
         if shortfall <= 0:
             return True
         if self.evicts_for_disk:
-            total = sum(blob.size for blob in await self.blobs())
-            report = await self.collect(max_size=max(total - shortfall, 1))
+            report = await self.collect(free=shortfall)
             log.warning("disk short by %d bytes for a new fill: evicted %d blobs (%d bytes)", shortfall,
                         report.evicted, report.freed_bytes)
             shortfall = self._shortfall(size + reserved)

@@ -77,8 +77,8 @@ class LocalBlobStore:
         return target
 
     async def adopt(self, etag: str, copy: Path) -> Path | None:
-        target = self.blob_path(etag)
-        if not target.exists():
+        target = self.cached_path(etag)
+        if target is None:
             return None
         if copy != target:
             copy.unlink(missing_ok=True)  # the blob is already on this disk
