@@ -1,4 +1,4 @@
-"""``create_app(settings)``: the only place that wires concrete classes together.
+"""``create_app(settings)``: the ASGI application over the parts that :mod:`mirror.parts` wires together.
 
 The ASGI entry point dispatches on the *raw* path (see :mod:`mirror.hf`): resolve routes and Hub API routes go to
 plain ASGI handlers (the hot path carries no framework overhead); operations routes (``/healthz``, ``/metrics``,
@@ -7,7 +7,6 @@ plain ASGI handlers (the hot path carries no framework overhead); operations rou
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -18,23 +17,19 @@ from typing import Any
 from fastapi import FastAPI
 
 from mirror import hf
-from mirror.access import AccessPolicy, Caller
+from mirror.access import Caller
 from mirror.auth import MirrorAuth
 from mirror.config import Settings
 from mirror.errors import HeadersTooLarge, MethodNotAllowed, MirrorError
-from mirror.fill import PEER_ROUTE, FillManager
-from mirror.gc import CacheManager
-from mirror.index import MetadataIndex
+from mirror.fill import PEER_ROUTE
 from mirror.logs import AccessLog
 from mirror.metrics import Metrics
+from mirror.parts import build_parts
 from mirror.routes import ops
 from mirror.routes.api import ApiHandler
 from mirror.routes.common import Receive, Scope, Send, bearer_token, check_raw_path, send_error
 from mirror.routes.peer import PeerFillHandler
 from mirror.routes.resolve import ResolveHandler
-from mirror.service import MirrorService
-from mirror.storage import open_store
-from mirror.upstream import UpstreamClient
 
 log = logging.getLogger("hf_mirror")
 # Real clients send about 1 KiB; a JWT a few. nginx's default front refuses lines over 8 KiB.
@@ -47,46 +42,24 @@ class Mirror:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        settings.cache_dir.mkdir(parents=True, exist_ok=True)
-        self.store = open_store(settings)  # local disk, or a bucket shared by several nodes (issue 9)
-        self.index = MetadataIndex(settings.cache_dir / "index")
-        self.upstream = UpstreamClient(settings, metrics)
-        self.fills = FillManager(
-            self.store, self.upstream, metrics, chunk_size=settings.fill_chunk_size,
-            lease_ttl=settings.lease_stale_seconds, cancel_on_disconnect=settings.fill_on_disconnect == "cancel",
-            node_url=settings.node_url,
-        )
-        self.access = AccessPolicy(self.index, ttl=settings.access_ttl, fail_open=settings.access_fail_open,
-                                   offline=settings.offline)
-        self.cache = CacheManager(self.store, self.index, metrics, max_size=settings.max_size,
-                                  is_busy=self.fills.is_filling, root=settings.cache_dir,
-                                  min_free_space=settings.min_free_space or 0,
-                                  evicts_for_disk=settings.storage == "local")
-        self.service = MirrorService(settings, self.index, self.store, self.upstream, self.fills, self.access, metrics,
-                                     make_room=self.cache.make_room)
+        self.parts = build_parts(settings, metrics)  # the one wiring (mirror.parts): store by `storage`, and the rest
+        self.store = self.parts.store
+        self.index = self.parts.index
+        self.upstream = self.parts.upstream
+        self.fills = self.parts.fills
+        self.access = self.parts.access
+        self.cache = self.parts.cache
+        self.service = self.parts.service
         self.resolve = ResolveHandler(self.service, self.fills, self.upstream, metrics,
                                       chunk_size=settings.serve_chunk_size, accel_redirect=settings.accel_redirect)
         self.api = ApiHandler(self.service, metrics, max_paths_info=settings.max_paths_info)
         self.peer = PeerFillHandler(self.fills, metrics, chunk_size=settings.serve_chunk_size)
-        self._gc_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        opener = getattr(self.store, "open", None)
-        if opener is not None:  # a remote store: fail at startup on a wrong endpoint, bucket or credential
-            await opener()
-        await self.cache.sweep_partials()
-        if self.settings.max_size and self.settings.gc_interval > 0:
-            self._gc_task = asyncio.create_task(self.cache.run_periodically(self.settings.gc_interval))
+        await self.parts.start()
 
     async def close(self) -> None:
-        if self._gc_task is not None:
-            self._gc_task.cancel()
-        await self.fills.aclose(self.settings.shutdown_grace)
-        await self.upstream.aclose()
-        closer = getattr(self.store, "aclose", None)
-        if closer is not None:  # gives back the fill leases this node still holds, then the connections
-            await closer()
-        self.index.close()
+        await self.parts.aclose()
 
     async def status(self) -> dict[str, Any]:
         return await self.cache.status(self.settings, self.upstream, self.fills)

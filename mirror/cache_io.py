@@ -32,9 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from mirror import hf
-from mirror.fill import hash_file
+from mirror.access import AccessPolicy
 from mirror.index import ApiEntry, FileEntry, MetadataIndex
-from mirror.storage.local import LocalBlobStore
+from mirror.integrity import hash_file
+from mirror.service import _normalise_query
+from mirror.storage.base import BlobStore
+from mirror.sync import listing_pages
 
 _REPO_DIR_RE = re.compile(r"^(models|datasets|spaces)--(.+)$")
 _JSON_HEADERS = (("content-type", "application/json"),)
@@ -90,9 +93,6 @@ def synthesize_api(index: MetadataIndex, repo: hf.RepoRef, commit: str, files: d
     ``complete``: the file list is the commit's whole tree, so the JSON is stored as immutable; otherwise it is
     stored as already stale, so an online mirror replaces it with upstream's answer. Existing entries are kept.
     """
-    from mirror.service import _normalise_query
-    from mirror.sync import listing_pages
-
     written = 0
     fetched_at = time.time() if complete else 0.0
 
@@ -191,20 +191,20 @@ def _link_or_copy(source: Path, dest: Path, link: bool) -> bool:
     return False
 
 
-async def _ingest_blob(store: LocalBlobStore, source: Path, etag: str, *, link: bool, owner: str
+async def _ingest_blob(store: BlobStore, source: Path, etag: str, *, link: bool, owner: str
                        ) -> tuple[str, int, bool]:
     """Put ``source`` into the store as blob ``etag``: ('added'|'present'|'corrupt'|'busy', size, linked).
 
     Under the blob's fill lease, so a running server or sync never fills it at the same time."""
-    info = store.stat_sync(etag)
+    info = await store.stat(etag)
     if info is not None:
         return "present", info.size, False
     if not await store.acquire_lease(etag, owner, 60.0):
         return "busy", 0, False  # a fill of this blob is running: it will commit it
     try:
-        if store.stat_sync(etag) is not None:
+        if await store.stat(etag) is not None:
             return "present", os.stat(source).st_size, False
-        tmp = store.partials_dir / f"{etag}.import-{os.getpid()}"
+        tmp = store.partial_path(etag).with_name(f"{etag}.import-{os.getpid()}")
         linked = await asyncio.to_thread(_link_or_copy, source, tmp, link)
         size = os.stat(tmp).st_size
         if not await asyncio.to_thread(hash_file, tmp, etag, size):
@@ -219,13 +219,10 @@ async def _ingest_blob(store: LocalBlobStore, source: Path, etag: str, *, link: 
         await store.release_lease(etag, owner)
 
 
-async def import_tree(path: Path, store: LocalBlobStore, index: MetadataIndex, *, link: bool = True,
-                public: bool = False, log: Log = print) -> ImportReport:
+async def import_tree(path: Path, store: BlobStore, index: MetadataIndex, access: AccessPolicy, *,
+                      link: bool = True, public: bool = False, log: Log = print) -> ImportReport:
     """Seed the mirror from a client cache tree; see the module docstring."""
-    from mirror.access import AccessPolicy
-
     report = ImportReport()
-    access = AccessPolicy(index, ttl=0, fail_open=False)
     owner = f"import:{os.getpid()}"
     for folder in find_repo_folders(path):
         repo = repo_from_folder(folder.name)
@@ -321,7 +318,7 @@ def resolve_commit(index: MetadataIndex, repo: hf.RepoRef, revision: str) -> str
     return entry.commit if entry else None
 
 
-def export_repo(store: LocalBlobStore, index: MetadataIndex, repo: hf.RepoRef, revision: str, dest: Path, *,
+async def export_repo(store: BlobStore, index: MetadataIndex, repo: hf.RepoRef, revision: str, dest: Path, *,
                 link: bool = False) -> ExportReport:
     """Write ``repo`` at ``revision`` as a huggingface_hub cache tree under ``dest``."""
     commit = resolve_commit(index, repo, revision)
@@ -343,8 +340,8 @@ def export_repo(store: LocalBlobStore, index: MetadataIndex, repo: hf.RepoRef, r
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()
             continue
-        source = store.blob_path(entry.etag)
-        if not source.is_file():
+        source = await store.local_path(entry.etag)  # a bucket blob is copied to the hot tier first
+        if source is None or not source.is_file():
             report.missing.append(entry.path)
             continue
         blob = blobs_dir / entry.etag

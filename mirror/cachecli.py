@@ -1,7 +1,9 @@
 """``hf-mirror cache ls | du | verify | rm REPO | gc | import PATH | export REPO[@REV] --to DIR``.
 
-Every subcommand works on the cache directory (``--cache-dir``, ``HF_MIRROR_CACHE_DIR`` or ``cache_dir`` in
-``--config``) and is safe while a server runs on it: blobs are replaced atomically, fills hold a cross-process
+Every subcommand works on the cache the settings name, through the server's own parts (:mod:`mirror.parts`): the
+cache directory (``--cache-dir``, ``HF_MIRROR_CACHE_DIR`` or ``cache_dir`` in ``--config``) or, with ``storage =
+"s3"``, the shared bucket (the cache directory then holds the index and this node's hot tier). It is safe while a
+server runs on it: blobs are replaced atomically, fills hold a cross-process
 lease that ``gc``, ``rm`` and ``import`` respect, and a blob unlinked while it is being served stays readable to
 the reader that has it open.
 """
@@ -14,40 +16,20 @@ import json
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from mirror import hf
+from mirror.cache_io import export_repo, import_tree
 from mirror.config import ConfigError, Settings, format_size
 from mirror.errors import BadRequest
-
-_SETTINGS_DESTS: set[str] = set()
+from mirror.gc import repo_from_spec
+from mirror.parts import Parts, build_parts
 
 
 def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "-"
-
-
-class _Parts:
-    """The cache's parts, without upstream: store, index, cache manager."""
-
-    def __init__(self, settings: Settings) -> None:
-        from mirror.gc import CacheManager
-        from mirror.index import MetadataIndex
-        from mirror.metrics import Metrics
-        from mirror.storage.local import LocalBlobStore
-
-        self.settings = settings
-        if not settings.cache_dir.exists():
-            raise ConfigError(f"cache directory {settings.cache_dir} does not exist")
-        self.store = LocalBlobStore(settings.cache_dir)
-        self.index = MetadataIndex(settings.cache_dir / "index")
-        self.metrics = Metrics()
-        self.cache = CacheManager(self.store, self.index, self.metrics, max_size=settings.max_size,
-                                  is_busy=self.store.lease_held, root=settings.cache_dir)
-
-    def close(self) -> None:
-        self.index.close()
 
 
 def _console() -> Any:
@@ -69,7 +51,7 @@ def _table(title: str | None, columns: list[str]) -> Any:
 # --- ls / du -------------------------------------------------------------------------------------------------------
 
 
-async def _ls(parts: _Parts, args: argparse.Namespace) -> int:
+async def _ls(parts: Parts, args: argparse.Namespace) -> int:
     usage = await parts.cache.usage()
     refs: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for repo_type, repo_id, revision, entry in parts.index.iter_refs():
@@ -104,6 +86,10 @@ async def _ls(parts: _Parts, args: argparse.Namespace) -> int:
     return 0
 
 
+def _store_name(settings: Settings) -> str:
+    return f"s3://{settings.s3_bucket}/{settings.s3_prefix}" if settings.storage == "s3" else "local"
+
+
 def _dir_bytes(path: Path) -> int:
     total = 0
     for dirpath, _dirs, names in os.walk(path):
@@ -115,21 +101,23 @@ def _dir_bytes(path: Path) -> int:
     return total
 
 
-async def _du(parts: _Parts, args: argparse.Namespace) -> int:
+async def _du(parts: Parts, args: argparse.Namespace) -> int:
     blobs = await parts.cache.blobs()
     owners = parts.cache.blob_repos()
     pinned = parts.index.pinned_repos()
     total = sum(b.size for b in blobs)
     pinned_bytes = sum(b.size for b in blobs if owners.get(b.etag, set()) & pinned)
     orphan = [b for b in blobs if b.etag not in owners]
-    partials = [p for p in parts.store.partials_dir.glob("*.part")]
+    partials_dir = getattr(parts.store, "partials_dir", None)  # this node's disk, for either store
+    partials = list(partials_dir.glob("*.part")) if partials_dir is not None else []
     partial_bytes = sum(p.stat().st_size for p in partials if p.exists())
     by_type: dict[str, int] = {}
     for b in blobs:
         for repo_type in {t for t, _ in owners.get(b.etag, set())} or {"(no repo)"}:
             by_type[repo_type] = by_type.get(repo_type, 0) + b.size
     data = {
-        "cache_dir": str(parts.settings.cache_dir), "blobs": len(blobs), "blob_bytes": total,
+        "cache_dir": str(parts.settings.cache_dir), "store": _store_name(parts.settings),
+        "blobs": len(blobs), "blob_bytes": total,
         "pinned_bytes": pinned_bytes, "unpinned_bytes": total - pinned_bytes,
         "unreferenced_blobs": len(orphan), "unreferenced_bytes": sum(b.size for b in orphan),
         "partials": len(partials), "partial_bytes": partial_bytes,
@@ -141,7 +129,7 @@ async def _du(parts: _Parts, args: argparse.Namespace) -> int:
         return 0
     console = _console()
     quota = parts.settings.max_size
-    console.print(f"{parts.settings.cache_dir}")
+    console.print(f"{parts.settings.cache_dir}" + (f" (blobs in {data['store']})" if data["store"] != "local" else ""))
     console.print(f"  blobs      {len(blobs):>8}  {format_size(total):>10}  ({total} bytes)")
     console.print(f"    pinned             {format_size(pinned_bytes):>10}")
     console.print(f"    unpinned           {format_size(total - pinned_bytes):>10}")
@@ -162,7 +150,7 @@ async def _du(parts: _Parts, args: argparse.Namespace) -> int:
 # --- verify / rm / gc ----------------------------------------------------------------------------------------------
 
 
-async def _verify(parts: _Parts, args: argparse.Namespace) -> int:
+async def _verify(parts: Parts, args: argparse.Namespace) -> int:
     console = _console()
     started = time.monotonic()
     report = await parts.cache.verify(remove=not args.keep, jobs=args.jobs)
@@ -177,9 +165,7 @@ async def _verify(parts: _Parts, args: argparse.Namespace) -> int:
     return 1 if report.corrupt else 0
 
 
-async def _rm(parts: _Parts, args: argparse.Namespace) -> int:
-    from mirror.gc import repo_from_spec
-
+async def _rm(parts: Parts, args: argparse.Namespace) -> int:
     try:
         repo = repo_from_spec(args.repo)
         hf.validate_repo_id(repo.repo_id)
@@ -200,7 +186,7 @@ async def _rm(parts: _Parts, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _gc(parts: _Parts, args: argparse.Namespace) -> int:
+async def _gc(parts: Parts, args: argparse.Namespace) -> int:
     limit = parts.settings.max_size
     swept = await parts.cache.sweep_partials()
     report = await parts.cache.collect(limit)
@@ -219,13 +205,11 @@ async def _gc(parts: _Parts, args: argparse.Namespace) -> int:
 # --- import / export -----------------------------------------------------------------------------------------------
 
 
-async def _import(parts: _Parts, args: argparse.Namespace) -> int:
-    from mirror.cache_io import import_tree
-
+async def _import(parts: Parts, args: argparse.Namespace) -> int:
     path = Path(args.path).expanduser()
     if not path.is_dir():
         raise ConfigError(f"{path} is not a directory")
-    report = await import_tree(path, parts.store, parts.index, link=not args.copy, public=args.public)
+    report = await import_tree(path, parts.store, parts.index, parts.access, link=not args.copy, public=args.public)
     for line in report.skipped:
         print(f"skipped: {line}", file=sys.stderr)
     print(f"import: {len(report.repos)} repo(s), {report.files} files; {report.blobs_added} blobs added "
@@ -245,10 +229,7 @@ def _split_rev(spec: str) -> tuple[str, str]:
     return spec, "main"
 
 
-async def _export(parts: _Parts, args: argparse.Namespace) -> int:
-    from mirror.cache_io import export_repo
-    from mirror.gc import repo_from_spec
-
+async def _export(parts: Parts, args: argparse.Namespace) -> int:
     repo_spec, revision = _split_rev(args.repo)
     try:
         repo = repo_from_spec(repo_spec)
@@ -257,7 +238,7 @@ async def _export(parts: _Parts, args: argparse.Namespace) -> int:
     except (ValueError, BadRequest) as exc:
         raise ConfigError(f"not a repo: {args.repo!r} (use acme/x@rev, datasets/acme/x or model:acme/x)") from exc
     try:
-        report = export_repo(parts.store, parts.index, repo, revision, Path(args.to), link=args.link)
+        report = await export_repo(parts.store, parts.index, repo, revision, Path(args.to), link=args.link)
     except LookupError as exc:
         print(f"export: {exc.args[0]}", file=sys.stderr)
         return 1
@@ -278,26 +259,13 @@ _COMMANDS = {"ls": _ls, "du": _du, "verify": _verify, "rm": _rm, "gc": _gc, "imp
 # --- CLI -----------------------------------------------------------------------------------------------------------
 
 
-def _add_settings(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
-    from mirror.cli import add_settings_arguments
-
-    before = len(parser._actions)  # noqa: SLF001
-    add_settings_arguments(parser)
-    for action in parser._actions[before:]:  # noqa: SLF001
-        _SETTINGS_DESTS.add(action.dest)
-        if suppress:
-            # Given after the subcommand or before it: a sub-parser default must not erase the parent's value.
-            action.default = argparse.SUPPRESS
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_settings(parser, suppress=False)
+def add_arguments(parser: argparse.ArgumentParser, settings_flags: argparse.ArgumentParser) -> None:
+    """The subcommands; ``settings_flags`` (a parent parser from the CLI, with suppressed defaults) lets the settings
+    flags come after the subcommand too, without a sub-parser default erasing a value given before it."""
     sub = parser.add_subparsers(dest="cache_command", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        child = sub.add_parser(name, help=help_text, description=help_text)
-        _add_settings(child, suppress=True)
-        return child
+        return sub.add_parser(name, help=help_text, description=help_text, parents=[settings_flags])
 
     ls = command("ls", "repos in the cache: revisions, commits, files, sizes, last access, pinned")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
@@ -324,13 +292,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="exit 1 when some files the mirror knows at the commit are not cached (default: warn)")
 
 
-def run(args: argparse.Namespace) -> int:
-    from mirror.cli import settings_from_args
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    if not settings.cache_dir.exists():
+        raise ConfigError(f"cache directory {settings.cache_dir} does not exist")
+    return asyncio.run(_run(_COMMANDS[args.cache_command], settings, args))
 
-    values = argparse.Namespace(**{k: v for k, v in vars(args).items() if k in _SETTINGS_DESTS or k == "command"})
-    settings = settings_from_args(values)
-    parts = _Parts(settings)
+
+async def _run(command: Callable[[Parts, argparse.Namespace], Awaitable[int]], settings: Settings,
+               args: argparse.Namespace) -> int:
+    parts = build_parts(settings)  # the server's wiring: with storage = "s3", the bucket is the cache
     try:
-        return asyncio.run(_COMMANDS[args.cache_command](parts, args))
+        await parts.open()
+        return await command(parts, args)
     finally:
-        parts.close()
+        await parts.aclose(grace=0)

@@ -1,6 +1,8 @@
 """``hf-mirror`` / ``python -m mirror``: serve, sync, cache, bench, demo.
 
-Each subcommand's flags are defined next to its code (``add_arguments``/``run`` pairs); the CLI only wires them.
+Each subcommand's own flags are defined next to its code (``add_arguments``/``run`` pairs); the settings flags are
+defined here, and the CLI builds :class:`Settings` from them and hands it down (``run(args, settings)``): nothing
+below the CLI imports it.
 ``serve``'s flags are a contract used by deploy files and outside checks: extend them, never break them.
 """
 
@@ -12,12 +14,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mirror import cachecli, demo, harness, sync
 from mirror.config import ConfigError, Settings, load_settings
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags that build :class:`Settings` (also env ``HF_MIRROR_<NAME>`` and keys of ``--config``)."""
-    add = parser.add_argument
+def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults: bool = False) -> None:
+    """The flags that build :class:`Settings` (also env ``HF_MIRROR_<NAME>`` and keys of ``--config``).
+
+    ``suppress_defaults``: a flag not given leaves no attribute (for sub-parsers: their defaults must not erase a
+    value given before the subcommand)."""
+
+    def add(*flags: str, **options: Any) -> None:
+        if suppress_defaults:
+            options["default"] = argparse.SUPPRESS
+        parser.add_argument(*flags, **options)
+
     add("--config", type=Path, help="TOML file with settings (keys as the flags, with underscores)")
     add("--host", help="address to listen on (default 127.0.0.1)")
     add("--port", type=int, help="port to listen on (default 8090)")
@@ -58,41 +69,56 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     add("--deny-repos", help="comma-separated patterns, e.g. 'space:*'")
 
 
+def settings_flags(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
+    """The settings flags as a parent parser (``parents=[...]``)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    add_settings_arguments(parent, suppress_defaults=suppress_defaults)
+    return parent
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    values: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("command", "func", "config")}
+    dests = vars(settings_flags().parse_args([]))  # every settings flag's name (and nothing else of ``args``)
+    values: dict[str, Any] = {k: v for k, v in vars(args).items() if k in dests and k != "config"}
     return load_settings(values, config_file=getattr(args, "config", None))
 
 
-def _run_serve(args: argparse.Namespace) -> int:
+def _with_settings(run: Callable[[argparse.Namespace, Settings], int]) -> Callable[[argparse.Namespace], int]:
+    """A command's ``run(args, settings)`` as the parser's ``func(args)``: the settings are built from the flags."""
+
+    def func(args: argparse.Namespace) -> int:
+        return run(args, settings_from_args(args))
+
+    return func
+
+
+def _run_serve(args: argparse.Namespace, settings: Settings) -> int:
+    # Only ``serve`` loads the server stack (uvicorn, FastAPI: about 0.5 s to import); ``cache`` and ``sync`` do not.
     from mirror.server import serve
 
-    serve(settings_from_args(args))
+    serve(settings)
     return 0
-
-
-Subcommand = tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
-
-
-def _subcommands() -> list[Subcommand]:
-    commands: list[Subcommand] = [("serve", "run the mirror server", add_settings_arguments, _run_serve)]
-    from mirror import cachecli, sync
-    commands.append(("sync", "pre-fetch the repos of a manifest into the cache", sync.add_arguments, sync.run))
-    commands.append(("cache", "inspect and manage the cache: ls, du, verify, rm, gc, import, export",
-                     cachecli.add_arguments, cachecli.run))
-    from mirror import demo, harness
-    commands.append(("bench", "measure data loading through an endpoint into a training loop", harness.add_arguments,
-                     harness.run))
-    commands.append(("demo", "sample hub + mirror + bench, offline, in under a minute", demo.add_arguments, demo.run))
-    return commands
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-mirror", description="A self-hosted Hugging Face Hub mirror.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_text, add_arguments, func in _subcommands():
-        command = sub.add_parser(name, help=help_text, description=help_text)
-        add_arguments(command)
-        command.set_defaults(func=func)
+
+    def command(name: str, help_text: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+        child = sub.add_parser(name, help=help_text, description=help_text)
+        child.set_defaults(func=func)
+        return child
+
+    add_settings_arguments(command("serve", "run the mirror server", _with_settings(_run_serve)))
+    sync_parser = command("sync", "pre-fetch the repos of a manifest into the cache", _with_settings(sync.run))
+    sync.add_arguments(sync_parser)
+    add_settings_arguments(sync_parser)
+    cache_parser = command("cache", "inspect and manage the cache: ls, du, verify, rm, gc, import, export",
+                           _with_settings(cachecli.run))
+    add_settings_arguments(cache_parser)  # before the subcommand, and (below) after it
+    cachecli.add_arguments(cache_parser, settings_flags(suppress_defaults=True))
+    harness.add_arguments(command("bench", "measure data loading through an endpoint into a training loop",
+                                  harness.run))
+    demo.add_arguments(command("demo", "sample hub + mirror + bench, offline, in under a minute", demo.run))
     return parser
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import hmac
 import logging
 import os
@@ -39,6 +38,7 @@ from prometheus_client import Counter
 
 from mirror import hf
 from mirror.errors import IntegrityError, MirrorError, UpstreamUnavailable
+from mirror.integrity import BlobHasher
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobStore, Lease, PeerAddress
 from mirror.upstream import BulkBody, UpstreamClient, UrlExpired, bulk_body
@@ -69,38 +69,6 @@ class FillSpec:
     token: str | None = None
     cdn_url: str | None = None
     detached: bool = True  # False: the fill may be cancelled when its last reader leaves (fill_on_disconnect=cancel)
-
-
-class BlobHasher:
-    """sha256 for LFS etags (64 hex), git blob sha1 for regular-file etags (40 hex), size only otherwise."""
-
-    def __init__(self, etag: str, size: int) -> None:
-        self.etag = etag
-        if hf.SHA256_RE.match(etag):
-            self._hash: hashlib._Hash | None = hashlib.sha256()
-        elif hf.SHA1_RE.match(etag):
-            self._hash = hashlib.sha1()
-            self._hash.update(b"blob %d\0" % size)
-        else:
-            self._hash = None
-
-    def update(self, data: bytes | memoryview) -> None:
-        if self._hash is not None:
-            self._hash.update(data)
-
-    def matches(self) -> bool:
-        return self._hash is None or self._hash.hexdigest() == self.etag
-
-
-def hash_file(path: Path, etag: str, size: int, chunk: int = 4 * 1024 * 1024) -> bool:
-    """Re-hash a file against its etag (used by verify and by resume)."""
-    hasher = BlobHasher(etag, size)
-    total = 0
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            hasher.update(block)
-            total += len(block)
-    return total == size and hasher.matches()
 
 
 class Fill:

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mirror.errors import IntegrityError
 from mirror.hf import RepoRef, RepoType
 from mirror.index import MetadataIndex
+from mirror.integrity import hash_file
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobInfo, BlobStore
 
@@ -199,8 +201,6 @@ class CacheManager:
                      on_result: Callable[[BlobInfo, bool], None] | None = None) -> VerifyReport:
         """Re-hash every committed blob against its etag; corrupt ones are deleted when ``remove`` (the next request
         fills them again). Idle blobs only: a blob being filled is not committed yet, so it is never listed."""
-        from mirror.fill import hash_file
-
         sizes: dict[str, int] = {}
         for _type, _repo, entry in self.index.iter_files():
             if entry.etag and not entry.missing:
@@ -214,14 +214,18 @@ class CacheManager:
         async def check(blob: BlobInfo) -> None:
             nonlocal checked, checked_bytes
             async with semaphore:
-                path = await self.store.local_path(blob.etag)
-                if path is None:
-                    return  # evicted or removed meanwhile
-                size = sizes.get(blob.etag, blob.size)
                 try:
-                    ok = await asyncio.to_thread(hash_file, path, blob.etag, size)
-                except FileNotFoundError:
-                    return
+                    path = await self.store.local_path(blob.etag)
+                except IntegrityError:  # a bucket blob is hashed on its way to this disk: the stored one is bad
+                    ok = False
+                else:
+                    if path is None:
+                        return  # evicted or removed meanwhile
+                    size = sizes.get(blob.etag, blob.size)
+                    try:
+                        ok = await asyncio.to_thread(hash_file, path, blob.etag, size)
+                    except FileNotFoundError:
+                        return
                 checked += 1
                 checked_bytes += blob.size
                 if not ok:

@@ -34,14 +34,19 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import httpx
 
 from mirror import hf
+from mirror.access import Caller
 from mirror.config import ConfigError, Settings, format_size
 from mirror.errors import BadRequest, HubError, MirrorError
 from mirror.fill import Fill, FillManager, FillSpec
+from mirror.index import ApiEntry, FileEntry
+from mirror.parts import build_parts
+from mirror.service import ApiResult, _blob_key, _normalise_query
+from mirror.upstream import hub_error
 
 log = logging.getLogger("hf_mirror.sync")
 
@@ -215,8 +220,6 @@ class RevisionJob:
 
 def tree_files(entries: list[dict[str, Any]]) -> list[RemoteFile]:
     """Tree entries -> files: the etag is ``lfs.oid`` (sha256) for LFS files, ``oid`` (git blob sha1) otherwise."""
-    from mirror.service import _blob_key
-
     files = []
     for entry in entries:
         if entry.get("type") != "file":
@@ -420,39 +423,25 @@ class CacheDirBackend:
     pins_supported = True
 
     def __init__(self, settings: Settings, *, dry_run: bool) -> None:
-        from mirror.access import AccessPolicy
-        from mirror.index import MetadataIndex
-        from mirror.metrics import Metrics
-        from mirror.service import MirrorService
-        from mirror.storage.local import LocalBlobStore
-        from mirror.upstream import UpstreamClient
-
         self.settings = settings
         self.dry_run = dry_run
         self.default_token = settings.upstream_token
-        self.metrics = Metrics()
-        settings.cache_dir.mkdir(parents=True, exist_ok=True)
-        self.store = LocalBlobStore(settings.cache_dir)
-        self.index = MetadataIndex(settings.cache_dir / "index")
-        self.upstream = UpstreamClient(settings, self.metrics)
-        self.fills = CountingFillManager(self.store, self.upstream, self.metrics,
-                                          chunk_size=settings.fill_chunk_size,
-                                          lease_ttl=settings.lease_stale_seconds, cancel_on_disconnect=False)
-        self.access = AccessPolicy(self.index, ttl=settings.access_ttl, fail_open=settings.access_fail_open,
-                                   offline=settings.offline)
-        self.service = MirrorService(settings, self.index, self.store, self.upstream, self.fills, self.access,
-                                     self.metrics)
+        self.parts = build_parts(settings, fill_manager=CountingFillManager)  # the server's wiring, store included
+        assert isinstance(self.parts.fills, CountingFillManager)
+        self.fills = self.parts.fills
+        self.metrics = self.parts.metrics
+        self.store = self.parts.store
+        self.index = self.parts.index
+        self.upstream = self.parts.upstream
+        self.access = self.parts.access
+        self.service = self.parts.service
 
-    def _caller(self, job: RevisionJob) -> Any:
-        from mirror.access import Caller
-
+    def _caller(self, job: RevisionJob) -> Caller:
         return Caller(job.token, own_token=job.spec.token_env is not None)
 
     async def _api(self, job: RevisionJob, sub: str, revision: str | None, path: str,
                    query: list[tuple[str, str]]) -> tuple[Any, tuple[tuple[str, str], ...], str]:
         """One API call the way a client's request reaches the server (cached under the server's keys)."""
-        from mirror.service import ApiResult
-
         repo = job.spec.repo
         raw_path = repo.api_path()
         if sub:
@@ -460,10 +449,6 @@ class CacheDirBackend:
             if path:
                 raw_path += "/" + quote(path, safe="")
         if self.dry_run:  # nothing is written: ask upstream directly
-            from urllib.parse import urlencode
-
-            from mirror.upstream import hub_error
-
             response = await self.upstream.api("GET", raw_path + (f"?{urlencode(query)}" if query else ""),
                                                job.token)
             if response.status_code >= 400:
@@ -510,11 +495,6 @@ class CacheDirBackend:
         """Write what the server needs to answer for this revision with upstream down."""
         if self.dry_run:
             return
-        import time as _time
-
-        from mirror.index import ApiEntry, FileEntry
-        from mirror.service import _normalise_query
-
         repo = job.spec.repo
         commit = job.commit
         assert commit is not None
@@ -532,7 +512,7 @@ class CacheDirBackend:
         # and by the branch or tag just resolved (with the recursive listing too, so list_repo_files(revision=
         # "main") is answered while upstream is down; the server refreshes these after the revision TTL).
         headers = (("content-type", "application/json"),)
-        now = _time.time()
+        now = time.time()
         listings = [(directory, _LS_QUERY, children) for directory, children in listing_pages(entries).items()]
         keyed: list[tuple[str, bool]] = [(commit, True)]
         if job.revision != commit:
@@ -558,7 +538,7 @@ class CacheDirBackend:
             await self.service.resolve_file(hf.ResolveTarget(repo, commit, job.files[0].path), self._caller(job))
 
     async def cached(self, job: RevisionJob, item: RemoteFile) -> bool:
-        return self.store.stat_sync(item.etag) is not None
+        return await self.store.stat(item.etag) is not None
 
     def partial_bytes(self, item: RemoteFile) -> int:
         try:
@@ -592,9 +572,7 @@ class CacheDirBackend:
 
     async def aclose(self) -> None:
         # Fills are done when the run ends normally; on an interrupt they are cancelled now (and stay resumable).
-        await self.fills.aclose(0.5)
-        await self.upstream.aclose()
-        self.index.close()
+        await self.parts.aclose(grace=0.5)
 
 
 class MirrorBackend:
@@ -867,8 +845,7 @@ def print_summary(result: SyncResult, *, pins_note: str | None = None) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from mirror.cli import add_settings_arguments
-
+    """``sync``'s own flags; the CLI adds the settings flags (``--cache-dir``, ``--upstream``, ...) beside them."""
     parser.add_argument("--manifest", type=Path, required=True,
                         help="TOML manifest of repos (see deploy/sync.example.toml)")
     parser.add_argument("--mirror", metavar="URL",
@@ -878,7 +855,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"else {DEFAULT_CONCURRENCY})")
     parser.add_argument("--progress", choices=("auto", "bars", "plain"), default="auto",
                         help="progress bars (terminal) or plain log lines (default: auto)")
-    add_settings_arguments(parser)
 
 
 def _configure_logging(settings: Settings) -> None:
@@ -887,10 +863,7 @@ def _configure_logging(settings: Settings) -> None:
     logging.basicConfig(level=max(level, logging.WARNING), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def run(args: argparse.Namespace) -> int:
-    from mirror.cli import settings_from_args
-
-    settings = settings_from_args(args)
+def run(args: argparse.Namespace, settings: Settings) -> int:
     _configure_logging(settings)
     manifest = load_manifest(args.manifest)
     concurrency = args.concurrency or manifest.concurrency or DEFAULT_CONCURRENCY

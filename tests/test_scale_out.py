@@ -24,6 +24,7 @@ from tests import s3_server
 from tests.hub_emulator.fixtures import DENIED_TOKEN, GOOD_TOKEN
 from tests.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.mirror_proc import MirrorProcess, run_client
+from tests.test_sync import cli
 
 MODEL = "acme/tiny-model"
 BIG = ("dataset", "acme/big-data", "big.bin")
@@ -276,6 +277,57 @@ def test_peer_route_needs_the_lease_token(emulator_clean: EmulatorHandle, fleet:
         body = response.read()
     assert body == emu.files.file_bytes(*BIG[:2], "main", BIG[2])[100:]
     leader.join(30)
+
+
+def test_cache_commands_on_an_s3_node_work_on_the_bucket(emulator_clean: EmulatorHandle, fleet: Fleet) -> None:
+    """``cache du | verify | gc`` with ``storage = "s3"`` count, hash and evict the bucket's blobs, not the node's hot
+    tier (which the test empties before each command: the bucket is the cache)."""
+    emu = emulator_clean
+    node = fleet.node(emu.url)
+    small = ("model", MODEL, "config.json")
+    blobs = {file: emu.files.etag(*file[:2], "main", file[2]) for file in (BIG, small)}
+    sizes = {file: len(emu.files.file_bytes(*file[:2], "main", file[2])) for file in (BIG, small)}
+    for file in (BIG, small):
+        url = f"{node.url}/{'datasets/' if file[0] == 'dataset' else ''}{file[1]}/resolve/main/{file[2]}"
+        assert get(url)[0] == 200
+    _wait_for(lambda: {f"blobs/{e[:2]}/{e}" for e in blobs.values()} <= fleet.bucket_keys(), "both blobs in the bucket")
+    node.stop()
+    storage = ("--cache-dir", str(node.cache_dir), "--storage", "s3", "--s3-endpoint", fleet.s3.endpoint,
+               "--s3-bucket", fleet.s3.bucket, "--s3-prefix", fleet.prefix)
+
+    def cache(*args: str) -> Any:
+        for hot in (node.cache_dir / "blobs").rglob("*"):  # this node's disk copies: gone, the bucket keeps them
+            if hot.is_file():
+                hot.unlink()
+        return cli("cache", *args, *storage, env=fleet.s3.env)
+
+    result = cache("du", "--json")
+    assert result.returncode == 0, result.stderr
+    usage = json.loads(result.stdout)
+    assert (usage["blobs"], usage["blob_bytes"]) == (2, sum(sizes.values())), usage
+    assert usage["store"] == f"s3://{fleet.s3.bucket}/{fleet.prefix}"
+    assert usage["by_type"] == {"dataset": sizes[BIG], "model": sizes[small]}
+
+    result = cache("verify")
+    assert result.returncode == 0 and "verified 2 blobs" in result.stdout, result.stdout + result.stderr
+
+    small_key = f"{fleet.prefix}blobs/{blobs[small][:2]}/{blobs[small]}"
+    fleet.s3.client().put_object(Bucket=fleet.s3.bucket, Key=small_key, Body=b"not the file")
+    result = cache("verify")
+    assert result.returncode == 1 and f"CORRUPT {blobs[small]}" in result.stdout, result.stdout + result.stderr
+    assert f"blobs/{blobs[small][:2]}/{blobs[small]}" not in fleet.bucket_keys()  # removed from the bucket
+
+    result = cache("gc", "--max-size", "1K")
+    assert result.returncode == 0 and "evicted 1 blobs" in result.stdout, result.stdout + result.stderr
+    assert not {key for key in fleet.bucket_keys() if key.startswith("blobs/")}
+    assert json.loads(cache("du", "--json").stdout)["blobs"] == 0
+
+    # sync builds the same parts: on an S3 node it fills the bucket.
+    manifest = node.cache_dir.parent / "sync.toml"
+    manifest.write_text(f'[[repo]]\ntype = "model"\nid = "{MODEL}"\nallow = ["config.json"]\n')
+    result = cli("sync", "--manifest", str(manifest), "--upstream", emu.url, *storage, env=fleet.s3.env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"blobs/{blobs[small][:2]}/{blobs[small]}" in fleet.bucket_keys()
 
 
 def test_chained_mirror_fetches_each_file_once(emulator_clean: EmulatorHandle, fleet: Fleet,

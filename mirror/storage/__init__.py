@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from mirror.config import Settings
-    from mirror.storage.base import BlobStore
+from mirror.config import ConfigError, Settings
+from mirror.storage.base import BlobStore
+from mirror.storage.local import LocalBlobStore
 
 
 def open_store(settings: Settings) -> BlobStore:
@@ -14,16 +12,12 @@ def open_store(settings: Settings) -> BlobStore:
     its hot tier. S3 connections open lazily, on the running event loop (call ``await store.open()`` to check)."""
     if settings.storage == "s3":
         try:
-            from mirror.storage.s3 import S3BlobStore  # aiobotocore is only imported where it is used
+            from mirror.storage.s3 import S3BlobStore  # aiobotocore (the s3 extra) is only imported where it is used
         except ModuleNotFoundError as exc:
-            from mirror.config import ConfigError
-
             raise ConfigError(f"storage = 's3' needs the s3 extra: pip install 'hf-mirror[s3]' ({exc})") from exc
 
         assert settings.s3_bucket is not None  # Settings validates it
         return S3BlobStore(settings.cache_dir, bucket=settings.s3_bucket, prefix=settings.s3_prefix,
                            endpoint=settings.s3_endpoint, region=settings.s3_region,
                            hot_tier_max_size=settings.hot_tier_max_size)
-    from mirror.storage.local import LocalBlobStore
-
     return LocalBlobStore(settings.cache_dir)

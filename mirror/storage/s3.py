@@ -53,6 +53,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from mirror.errors import IntegrityError, MirrorError
+from mirror.integrity import BlobHasher
 from mirror.storage.base import BlobInfo, CopyProgress, Lease, PeerAddress
 
 log = logging.getLogger("hf_mirror.storage.s3")
@@ -219,8 +220,6 @@ class S3BlobStore:
 
     async def _fetch_to_hot(self, etag: str, progress: CopyProgress | None) -> Path | None:
         """Copy a bucket blob into the hot tier, hashed against its etag on the way."""
-        from mirror.fill import BlobHasher  # the fill engine owns the etag -> hash rule
-
         if self.blob_path(etag).exists():  # another worker process on this host fetched it meanwhile
             return self.blob_path(etag)
         client = await self._s3()

@@ -1,0 +1,98 @@
+"""The one wiring: the mirror's parts, built from :class:`Settings` in one place.
+
+``serve`` (:mod:`mirror.app`), ``sync`` (:mod:`mirror.sync`) and ``cache`` (:mod:`mirror.cachecli`) all build
+their store, index, upstream client, fill engine, access policy, cache manager and service here, so every
+command honours every setting: ``storage = "s3"`` makes ``cache du`` count the bucket, not the node's hot tier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mirror.access import AccessPolicy
+from mirror.config import Settings
+from mirror.fill import FillManager
+from mirror.gc import CacheManager
+from mirror.index import MetadataIndex
+from mirror.metrics import Metrics
+from mirror.service import MirrorService
+from mirror.storage import open_store
+from mirror.storage.base import BlobStore
+from mirror.upstream import UpstreamClient
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The parts of one process, built by :func:`build_parts`; ``start`` (a server) or ``open`` (a command), then
+    ``aclose``."""
+
+    settings: Settings
+    metrics: Metrics
+    store: BlobStore
+    index: MetadataIndex
+    upstream: UpstreamClient
+    fills: FillManager
+    access: AccessPolicy
+    cache: CacheManager
+    service: MirrorService
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list, repr=False, compare=False)
+
+    async def open(self) -> None:
+        """Check the store: a remote one fails here on a wrong endpoint, bucket or credential."""
+        opener = getattr(self.store, "open", None)
+        if opener is not None:
+            await opener()
+
+    async def start(self) -> None:
+        """What a server does at startup: open the store, drop stale partial files, run the quota's gc loop."""
+        await self.open()
+        await self.cache.sweep_partials()
+        if self.settings.max_size and self.settings.gc_interval > 0:
+            self._tasks.append(asyncio.create_task(self.cache.run_periodically(self.settings.gc_interval)))
+
+    async def aclose(self, grace: float | None = None) -> None:
+        """Stop the gc loop, let fills finish within ``grace`` seconds (default ``shutdown_grace``; then they are
+        cancelled and stay resumable), close upstream connections, give back the store's leases, close the index."""
+        for task in self._tasks:
+            task.cancel()
+        self._tasks.clear()
+        await self.fills.aclose(self.settings.shutdown_grace if grace is None else grace)
+        await self.upstream.aclose()
+        closer = getattr(self.store, "aclose", None)
+        if closer is not None:  # gives back the fill leases this node still holds, then the connections
+            await closer()
+        self.index.close()
+
+
+def build_parts(settings: Settings, metrics: Metrics | None = None, *,
+                fill_manager: type[FillManager] = FillManager) -> Parts:
+    """Every part from ``settings``: the store they name (local disk, or a bucket shared by several nodes with
+    ``cache_dir`` as its hot tier), the index under ``cache_dir``, and the rest on top. ``fill_manager``: a
+    subclass of the fill engine (``sync`` counts its downloads)."""
+    metrics = metrics if metrics is not None else Metrics()
+    settings.cache_dir.mkdir(parents=True, exist_ok=True)
+    store = open_store(settings)
+    index = MetadataIndex(settings.cache_dir / "index")
+    upstream = UpstreamClient(settings, metrics)
+    fills = fill_manager(
+        store, upstream, metrics, chunk_size=settings.fill_chunk_size, lease_ttl=settings.lease_stale_seconds,
+        cancel_on_disconnect=settings.fill_on_disconnect == "cancel", node_url=settings.node_url,
+    )
+    access = AccessPolicy(index, ttl=settings.access_ttl, fail_open=settings.access_fail_open,
+                          offline=settings.offline)
+    cache = CacheManager(store, index, metrics, max_size=settings.max_size, is_busy=_busy(store, fills),
+                         root=settings.cache_dir, min_free_space=settings.min_free_space or 0,
+                         evicts_for_disk=settings.storage == "local")
+    service = MirrorService(settings, index, store, upstream, fills, access, metrics, make_room=cache.make_room)
+    return Parts(settings, metrics, store, index, upstream, fills, access, cache, service)
+
+
+def _busy(store: BlobStore, fills: FillManager) -> Callable[[str], bool]:
+    """A blob that gc and ``cache rm`` leave alone: one this process fills, or (local storage) one whose lease
+    another process on this host holds (a server's fill, a sync, a ``cache import``)."""
+    lease_held: Callable[[str], bool] | None = getattr(store, "lease_held", None)
+    if lease_held is None:
+        return fills.is_filling
+    return lambda etag: fills.is_filling(etag) or lease_held(etag)
