@@ -5,22 +5,26 @@ caller's access (remembered per token and repo for ``access_ttl`` seconds). Two 
 because the Hub answers them differently: ``meta`` (API JSON: a gated repo's listing is public) and ``content``
 (file bytes: a gated repo needs an accepted licence). Tokens are only kept as digests.
 
-When upstream cannot be asked, a repo last seen public stays public (stale-if-error), and anything else fails
-closed unless ``access_fail_open`` is set.
+When upstream cannot be asked (``--offline``, or an outage), a repo last seen public stays public (stale-if-error); a
+caller whose access was confirmed keeps it for ``access_grace`` seconds; anything else fails closed, visibility that
+was never learned included, unless ``access_fail_open`` (or, offline, ``open_unknown_repos``) is set.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from mirror.errors import HubError, MirrorError, UpstreamUnavailable
+from mirror.config import Settings
+from mirror.errors import AccessDenied, HubError, MirrorError, UpstreamUnavailable
 from mirror.hf import RepoRef
 from mirror.index import MetadataIndex
 
 _UNKNOWN_RECHECK = 2.0  # seconds an absent record is trusted before asking the shared index again
+_MEMO_ENTRIES = 20_000
 
 Probe = Callable[[str | None], Awaitable[None]]  # raises HubError when the token may not read; None = allowed
 
@@ -31,21 +35,35 @@ def token_digest(token: str | None) -> str:
 
 @dataclass(frozen=True)
 class Caller:
-    """A request's identity: the token sent upstream for it (its own, or the mirror's service token)."""
+    """A request's identity: the token sent upstream for it (its own, none, or the mirror's service token), and the
+    operator's and mirror token's repo policy, which an upstream redirect to another repo must pass again."""
 
     token: str | None
     own_token: bool = False
+    check: Callable[[RepoRef], None] | None = field(default=None, compare=False)
 
 
 class AccessPolicy:
-    def __init__(self, index: MetadataIndex, *, ttl: float, fail_open: bool, offline: bool = False) -> None:
+    def __init__(self, index: MetadataIndex, *, ttl: float, fail_open: bool, grace: float = 0.0,
+                 offline: bool = False, open_unknown: bool = False) -> None:
         self.index = index
         self.ttl = ttl
+        # How long a confirmed access is honoured while upstream cannot be asked (offline, or an outage): a revoked
+        # token keeps working at most this long.
+        self.grace = grace
         self.fail_open = fail_open
-        # Offline, a repo whose visibility was never learned (seeded by import) is served: the operator put it
-        # there. A repo upstream once refused to an anonymous caller stays closed.
         self.offline = offline
-        self._memo: dict[tuple[str, str, RepoRef], tuple[bool, float]] = {}
+        # Offline, a repo whose visibility was never learned (seeded by ``cache import``) is closed unless the
+        # operator opened such repos explicitly.
+        self.open_unknown = open_unknown
+        # Random tokens and repo names must not grow the process: a bounded memo in front of the shared index, whose
+        # records expire (see MetadataIndex.put_access).
+        self._memo: OrderedDict[tuple[str, str, RepoRef], tuple[bool | None, float]] = OrderedDict()
+
+    @classmethod
+    def from_settings(cls, index: MetadataIndex, settings: Settings) -> AccessPolicy:
+        return cls(index, ttl=settings.access_ttl, grace=settings.access_grace, fail_open=settings.access_fail_open,
+                   offline=settings.offline, open_unknown=settings.open_unknown_repos)
 
     def record_public(self, repo: RepoRef, kind: str, token: str | None, public: bool = True) -> None:
         """Upstream answered an anonymous request: with success (public) or with an auth error (not public)."""
@@ -60,27 +78,33 @@ class AccessPolicy:
         return bool(known and known[0])
 
     def known_allowed(self, repo: RepoRef, kind: str, caller: Caller) -> bool:
-        """Access confirmed for this token within the TTL (used when upstream cannot be asked)."""
+        """Access confirmed for this token within the grace period (used when upstream cannot be asked)."""
         known = self._recall((token_digest(caller.token), kind, repo))
-        return bool(known and known[0] and time.time() - known[1] < self.ttl)
+        return bool(known and known[0] and time.time() - known[1] < self.grace)
+
+    def may_serve_stale(self, repo: RepoRef, kind: str, caller: Caller) -> bool:
+        return self.is_public(repo, kind) or self.fail_open or self.known_allowed(repo, kind, caller)
 
     async def check(self, repo: RepoRef, kind: str, caller: Caller, probe: Probe) -> None:
         """Raise unless ``caller`` may read cached ``kind`` data of ``repo``."""
         public = self._recall(("public", kind, repo))
         if public is not None and public[0]:
             return  # public until an anonymous upstream request says otherwise (record_public(..., False))
-        if self.offline and public is None:
+        if self.offline and self.open_unknown and public is None:
             return
         key = (token_digest(caller.token), kind, repo)
         known = self._recall(key)
-        if known is not None and time.time() - known[1] < self.ttl:
-            if known[0]:
-                return
+        # Offline, no confirmation is fresher than the grace period allows.
+        trusted_for = min(self.ttl, self.grace) if self.offline else self.ttl
+        if known is not None and known[0] and time.time() - known[1] < trusted_for:
+            return
         try:
             await probe(caller.token)
         except UpstreamUnavailable:
-            if self.fail_open or (known is not None and known[0]):
+            if self.fail_open or self.known_allowed(repo, kind, caller):
                 return
+            if self.offline:
+                raise offline_refusal(caller) from None
             raise UpstreamUnavailable(
                 "Upstream is unreachable and this repo's access cannot be confirmed for your token; try again later"
             ) from None
@@ -95,8 +119,15 @@ class AccessPolicy:
 
     def _remember(self, key: tuple[str, str, RepoRef], allowed: bool) -> None:
         value = (allowed, time.time())
+        self._memorise(key, value)
+        # Shared with the other workers; kept as long as it can be used (the grace period), then dropped.
+        self.index.put_access(key[0], key[1], key[2], value, expire=max(self.ttl, self.grace, 3600.0))
+
+    def _memorise(self, key: tuple[str, str, RepoRef], value: tuple[bool | None, float]) -> None:
         self._memo[key] = value
-        self.index.put_access(key[0], key[1], key[2], value)  # shared with the other workers
+        self._memo.move_to_end(key)
+        if len(self._memo) > _MEMO_ENTRIES:
+            self._memo.popitem(last=False)
 
     def _recall(self, key: tuple[str, str, RepoRef]) -> tuple[bool, float] | None:
         value = self._memo.get(key)
@@ -105,7 +136,15 @@ class AccessPolicy:
                 return None
             value = self.index.get_access(key[0], key[1], key[2])
             if value is None:
-                self._memo[key] = (None, time.time())  # type: ignore[assignment]  # remembered absence
+                self._memorise(key, (None, time.time()))  # remembered absence
                 return None
-            self._memo[key] = value
-        return value
+            self._memorise(key, value)
+        return value  # type: ignore[return-value]
+
+
+def offline_refusal(caller: Caller) -> AccessDenied:
+    """Offline, content that is not public goes only to callers whose access upstream confirmed."""
+    if caller.token is None:
+        return AccessDenied("This repo is not public, or its visibility is unknown, and the mirror is offline: "
+                            "send a token whose access the mirror has confirmed", status=401, code="RepoNotFound")
+    return AccessDenied("The mirror is offline and cannot confirm this token's access to this repo", status=403)

@@ -20,20 +20,20 @@ from mirror import hf
 from mirror.access import Caller
 from mirror.auth import MirrorAuth
 from mirror.config import Settings
-from mirror.errors import HeadersTooLarge, MethodNotAllowed, MirrorError
+from mirror.errors import HeadersTooLarge, MethodNotAllowed, MirrorError, RouteNotFound
 from mirror.fill import PEER_ROUTE
 from mirror.logs import AccessLog
 from mirror.metrics import Metrics
 from mirror.parts import build_parts
 from mirror.routes import ops
 from mirror.routes.api import ApiHandler
-from mirror.routes.common import Receive, Scope, Send, bearer_token, check_raw_path, send_error
+from mirror.routes.common import CORS_HEADERS, Receive, Scope, Send, bearer_token, send_error, send_preflight
 from mirror.routes.peer import PeerFillHandler
 from mirror.routes.resolve import ResolveHandler
 
 log = logging.getLogger("hf_mirror")
-# Real clients send about 1 KiB; a JWT a few. nginx's default front refuses lines over 8 KiB.
-_MAX_HEADER_BYTES = 32 * 1024
+# Operations routes that show repo names and traffic: in mirror-auth mode, for mirror-token holders only.
+_GUARDED_OPS = ("", "/metrics", "/api/mirror/status")
 
 
 class Mirror:
@@ -52,7 +52,8 @@ class Mirror:
         self.service = self.parts.service
         self.resolve = ResolveHandler(self.service, self.fills, self.upstream, metrics,
                                       chunk_size=settings.serve_chunk_size, accel_redirect=settings.accel_redirect)
-        self.api = ApiHandler(self.service, metrics, max_paths_info=settings.max_paths_info)
+        self.api = ApiHandler(self.service, metrics, max_paths_info=settings.max_paths_info,
+                              max_relay_bytes=settings.max_api_body, body_timeout=settings.header_timeout)
         self.peer = PeerFillHandler(self.fills, metrics, chunk_size=settings.serve_chunk_size)
 
     async def start(self) -> None:
@@ -62,7 +63,15 @@ class Mirror:
         await self.parts.aclose()
 
     async def status(self) -> dict[str, Any]:
-        return await self.cache.status(self.settings, self.upstream, self.fills)
+        data = await self.cache.status(self.settings, self.upstream, self.fills)
+        if not self.settings.auth_required:  # open to anyone: only the names of repos anyone may read
+            data["repos"] = [r for r in data["repos"] if self._public(r["type"], r["id"])]
+            data["fills"] = [f for f in data["fills"] if self._public(*f["repo"].split(":", 1))]
+        return data
+
+    def _public(self, repo_type: str, repo_id: str) -> bool:
+        repo = hf.RepoRef(hf.RepoType(repo_type), repo_id)
+        return self.access.is_public(repo, "meta") or self.access.is_public(repo, "content")
 
 
 class MirrorApp:
@@ -82,8 +91,11 @@ class MirrorApp:
     async def _lifespan(self, _app: FastAPI) -> AsyncIterator[None]:
         self.mirror = Mirror(self.settings, self.metrics)
         await self.mirror.start()
-        log.info("hf-mirror ready: upstream %s, cache %s%s", self.settings.upstream, self.settings.cache_dir,
+        log.info("hf-mirror ready: upstream %s, cache %s%s", self.settings.upstream_display, self.settings.cache_dir,
                  " (offline)" if self.settings.offline else "")
+        if self.settings.lend_upstream_token and self.settings.upstream_token and not self.settings.auth_required:
+            log.warning("--lend-upstream-token: every caller that sends no token reads what the service token can "
+                        "read, gated and private repos included. Use it only where every client is trusted.")
         try:
             yield
         finally:
@@ -109,43 +121,52 @@ class MirrorApp:
         started = time.perf_counter()
         request_id = os.urandom(8).hex()
         status_box: list[int] = [0]
+        extra_headers = [*CORS_HEADERS, (b"x-request-id", request_id.encode())]
 
-        async def send_logged(message: dict[str, Any]) -> None:
+        async def send_outward(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status_box[0] = message["status"]
-                message["headers"] = list(message.get("headers", [])) + [(b"x-request-id", request_id.encode())]
+                message["headers"] = [*message.get("headers", ()), *extra_headers]
             await send(message)
 
         # The zero-copy path needs uvicorn's own bound ``send`` (see mirror.routes.sendfile): it travels in the scope.
-        outward = send_logged if self.settings.access_log else send
         scope["hf_mirror.raw_send"] = send
-        outcome = await self._dispatch(scope, receive, outward)
+        outcome = await self._dispatch(scope, receive, send_outward)
         if self.access_log is not None:
             self.access_log.write(request_id, scope["method"], scope.get("path", ""), status_box[0] or "-",
                                   (time.perf_counter() - started) * 1000, outcome)
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> str:
+        """Route a request. Read-only and closed by default: the path has one spelling, the method is a read, the
+        repo passes every policy, and anything the mirror does not know is refused here, never relayed."""
         assert self.mirror is not None
         raw_path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         method = scope["method"]
         try:
-            if sum(len(k) + len(v) for k, v in scope["headers"]) > _MAX_HEADER_BYTES:
-                raise HeadersTooLarge(f"request headers exceed {_MAX_HEADER_BYTES} bytes")
-            if "/resolve/" in raw_path or raw_path.startswith("/api/resolve-cache/"):
-                check_raw_path(raw_path)
-                target = hf.parse_resolve(raw_path)
-                if target is not None:
-                    if method not in ("GET", "HEAD"):
-                        raise MethodNotAllowed(f"{method} is not allowed on resolve URLs")
-                    caller = self.caller(scope, target.repo)
-                    return await self.mirror.resolve(scope, receive, send, target, caller)
+            if sum(len(k) + len(v) for k, v in scope["headers"]) > self.settings.max_header_bytes:
+                raise HeadersTooLarge(f"request headers exceed {self.settings.max_header_bytes} bytes")
+            hf.check_canonical(raw_path)
             if raw_path.startswith(PEER_ROUTE):  # another node of the fleet; its lease token stands for auth
                 return await self.mirror.peer(scope, receive, send, raw_path[len(PEER_ROUTE):])
-            if raw_path.startswith("/api/") and raw_path != "/api/mirror/status":
-                check_raw_path(raw_path)
-                api_target = hf.parse_api(raw_path)
-                caller = self.caller(scope, api_target.repo if api_target else None)
-                return await self.mirror.api(scope, receive, send, raw_path, api_target, caller)
+            route = hf.classify(raw_path)
+            if method == "OPTIONS":
+                await send_preflight(send, route.methods)
+                return "options"
+            if method not in route.methods:
+                raise MethodNotAllowed(f"{method} is not allowed here: this mirror is read-only",
+                                       allow=route.methods)
+            if route.resolve is not None:
+                caller = self.caller(scope, route.resolve.repo)
+                return await self.mirror.resolve(scope, receive, send, route.resolve, caller)
+            if route.api is not None:
+                caller = self.caller(scope, route.api.repo)
+                return await self.mirror.api(scope, receive, send, raw_path, route.api, caller)
+            if route.kind in (hf.RouteKind.LISTING, hf.RouteKind.LOCAL):
+                return await self.mirror.api(scope, receive, send, raw_path, None, self.caller(scope, None))
+            if route.kind is hf.RouteKind.OPS and raw_path.rstrip("/") in _GUARDED_OPS and self.settings.auth_required:
+                self.auth.principal(bearer_token(scope))  # repo names and traffic are for token holders only
+            if route.kind is hf.RouteKind.UNKNOWN:
+                raise RouteNotFound(f"{raw_path[:200]} is not a route this mirror serves")
         except MirrorError as exc:
             await send_error(send, exc, head=method == "HEAD")
             return "error"

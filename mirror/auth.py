@@ -1,10 +1,12 @@
 """Mirror-side access control (off by default) and the operator's allow/deny lists.
 
 Off (the default, a plain intranet): the caller's own ``Authorization: Bearer hf_...`` goes upstream; callers that
-send none are served with the mirror's service token (``--upstream-token`` / ``HF_TOKEN``) when one is set.
+send none go upstream with no token, so gated and private content reaches exactly the callers the Hub serves. The
+service token (``--upstream-token``) is lent to them only with ``--lend-upstream-token``.
 
 On (a tokens file or a JWT key is configured): every request needs a *mirror* token, which maps to allowed repo
-patterns. The mirror token is never sent upstream; the service token is used on the caller's behalf.
+patterns. The mirror token is never sent upstream; the service token is used on the caller's behalf, within the
+token's patterns.
 
 Tokens file (TOML)::
 
@@ -14,12 +16,14 @@ Tokens file (TOML)::
     repos = ["model:acme/*", "dataset:*"]
 
 JWTs carry ``sub`` and ``repos`` (the same patterns); HS256 with ``--jwt-secret`` or RS256 with
-``--jwt-public-key-file``. Patterns are ``type:glob`` or a bare ``glob`` (any type), matched with fnmatch.
+``--jwt-public-key-file``. Patterns are ``type:glob`` or a bare ``glob`` (any type), matched with fnmatch, without
+regard to case (the Hub's repo ids are case-insensitive: ``ACME/Model`` is ``acme/model``).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import hmac
 import tomllib
@@ -37,7 +41,8 @@ def _matches(patterns: tuple[str, ...], repo: RepoRef) -> bool:
         kind, sep, glob = pattern.partition(":")
         if not sep:
             kind, glob = "*", pattern
-        if fnmatch.fnmatchcase(repo.type.value, kind) and fnmatch.fnmatchcase(repo.repo_id, glob):
+        if (fnmatch.fnmatchcase(repo.type.value, kind.lower())
+                and fnmatch.fnmatchcase(repo.repo_id.lower(), glob.lower())):
             return True
     return False
 
@@ -70,6 +75,7 @@ class MirrorAuth:
     def __init__(self, settings: Settings) -> None:
         self.required = settings.auth_required
         self.service_token = settings.upstream_token
+        self.lend = settings.lend_upstream_token
         self.filter = RepoFilter(settings.allow_repos, settings.deny_repos)
         self._by_digest: dict[str, Principal] = {}
         if settings.auth_tokens_file:
@@ -97,14 +103,19 @@ class MirrorAuth:
         """Who is calling and which token goes upstream for them; raises 401 in auth mode without a valid token."""
         if not self.required:
             if bearer:
-                return Caller(bearer, own_token=True), None
-            return Caller(self.service_token), None
+                return Caller(bearer, own_token=True, check=self.filter.check), None
+            return Caller(self.service_token if self.lend else None, check=self.filter.check), None
+        principal = self.principal(bearer)
+        return Caller(self.service_token, check=functools.partial(self.authorize, principal)), principal
+
+    def principal(self, bearer: str | None) -> Principal:
+        """The mirror token's holder; raises 401 without a valid one."""
         if not bearer:
             raise _unauthenticated("This mirror requires a token: set HF_TOKEN to your mirror token")
         principal = self._verify(bearer)
         if principal is None:
             raise _unauthenticated("Invalid mirror token")
-        return Caller(self.service_token), principal
+        return principal
 
     def _verify(self, token: str) -> Principal | None:
         digest = hashlib.sha256(token.encode()).hexdigest()

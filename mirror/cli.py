@@ -36,7 +36,10 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
     add("--cache-dir", type=Path, help="where blobs and the index live (default ~/.cache/hf-mirror)")
     add("--offline", action="store_true", default=None, help="never contact upstream; serve only what is cached")
     add("--revision-ttl", type=float, help="seconds a branch/tag -> commit mapping is trusted (default 300)")
-    add("--upstream-token", help="Hub token used for callers that send none (or HF_TOKEN)")
+    add("--upstream-token", help="service Hub token: used for the sync and public content, never lent to callers "
+        "unless --lend-upstream-token (serve does not read HF_TOKEN)")
+    add("--lend-upstream-token", action="store_true", default=None,
+        help="UNSAFE on a shared network: callers that send no token read what the service token can read")
     add("--workers", type=int, help="worker processes (default 1); they share one cache and one fill per file")
     add("--max-size", help="disk quota for blobs, e.g. 500G; least recently used unpinned blobs are evicted")
     add("--min-free-space", help="free disk a new fill must leave, e.g. 10G (default 256M): short of it, old blobs "
@@ -60,6 +63,12 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
     add("--fill-on-disconnect", choices=("continue", "cancel"),
         help="what a fill does when its last client leaves (default continue)")
     add("--access-ttl", type=float, help="seconds a caller's confirmed access to a gated/private repo is kept")
+    add("--access-grace", type=float, help="seconds a confirmed access is honoured while upstream cannot be asked "
+        "(offline or down; default 86400)")
+    add("--open-unknown-repos", action="store_true", default=None,
+        help="offline, serve repos whose visibility was never learned (e.g. seeded by cache import) to anyone")
+    add("--header-timeout", type=float, help="seconds a client has to send its request line and headers (default 10)")
+    add("--max-header-bytes", help="cap on request line + headers (default 64K); larger requests get 431")
     add("--ssl-certfile", type=Path, help="TLS certificate for the embedded server")
     add("--ssl-keyfile", type=Path, help="TLS private key for the embedded server")
     add("--auth-tokens-file", type=Path, help="TOML file of mirror tokens: turns on mirror-side access control")
@@ -76,17 +85,21 @@ def settings_flags(*, suppress_defaults: bool = False) -> argparse.ArgumentParse
     return parent
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
+def settings_from_args(args: argparse.Namespace, *, hf_token_env: bool = False) -> Settings:
     dests = vars(settings_flags().parse_args([]))  # every settings flag's name (and nothing else of ``args``)
     values: dict[str, Any] = {k: v for k, v in vars(args).items() if k in dests and k != "config"}
-    return load_settings(values, config_file=getattr(args, "config", None))
+    return load_settings(values, config_file=getattr(args, "config", None), hf_token_env=hf_token_env)
 
 
-def _with_settings(run: Callable[[argparse.Namespace, Settings], int]) -> Callable[[argparse.Namespace], int]:
-    """A command's ``run(args, settings)`` as the parser's ``func(args)``: the settings are built from the flags."""
+def _with_settings(run: Callable[[argparse.Namespace, Settings], int], *,
+                   hf_token_env: bool = True) -> Callable[[argparse.Namespace], int]:
+    """A command's ``run(args, settings)`` as the parser's ``func(args)``: the settings are built from the flags.
+
+    ``hf_token_env``: the command may take its service token from ``HF_TOKEN`` (sync, cache); ``serve`` never does,
+    since a token picked up silently would serve every caller's downloads."""
 
     def func(args: argparse.Namespace) -> int:
-        return run(args, settings_from_args(args))
+        return run(args, settings_from_args(args, hf_token_env=hf_token_env))
 
     return func
 
@@ -108,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         child.set_defaults(func=func)
         return child
 
-    add_settings_arguments(command("serve", "run the mirror server", _with_settings(_run_serve)))
+    add_settings_arguments(command("serve", "run the mirror server", _with_settings(_run_serve, hf_token_env=False)))
     sync_parser = command("sync", "pre-fetch the repos of a manifest into the cache", _with_settings(sync.run))
     sync.add_arguments(sync_parser)
     add_settings_arguments(sync_parser)

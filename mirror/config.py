@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mirror.errors import redact_url
+
 ENV_PREFIX = "HF_MIRROR_"
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4, "p": 1000**5}
@@ -99,13 +101,26 @@ class Settings:
     node_url: str | None = None
     # Access (issue 6).
     access_ttl: float = 300.0
+    # How long a caller's confirmed access to non-public content is honoured when upstream cannot be asked
+    # (--offline, or an outage). Past it, the caller is refused until upstream confirms again.
+    access_grace: float = 86400.0
     access_fail_open: bool = False
+    # The service token goes upstream for the nightly sync and for public content only. Lent to callers that send
+    # no token only when the operator says so: then every anonymous caller reads what the token can read.
+    lend_upstream_token: bool = False
+    # Offline, content whose visibility upstream never told (seeded by ``cache import``) is closed unless this is set.
+    open_unknown_repos: bool = False
     auth_tokens_file: Path | None = None
     jwt_secret: str | None = None
     jwt_public_key_file: Path | None = None
     allow_repos: tuple[str, ...] = ()
     deny_repos: tuple[str, ...] = ()
     max_paths_info: int = 1000
+    # Bounds on what a caller can make the process hold: request line + headers, the time to send them, and the
+    # upstream JSON the mirror caches (relayed bodies stream).
+    max_header_bytes: int = 64 * 1024
+    header_timeout: float = 10.0
+    max_api_body: int = 32 * 1024**2
     # TLS for the embedded server.
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
@@ -116,6 +131,7 @@ class Settings:
         if not self.upstream.startswith(("http://", "https://")):
             raise ConfigError(f"upstream must be an http(s) URL, got {self.upstream!r}")
         object.__setattr__(self, "upstream", self.upstream.rstrip("/"))
+        object.__setattr__(self, "upstream_token", self.upstream_token or None)  # "" (an unset compose var): none
         object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
         if not 0 < self.port < 65536:
             raise ConfigError(f"port must be 1..65535, got {self.port}")
@@ -135,8 +151,17 @@ class Settings:
             raise ConfigError(f"s3_endpoint must be an http(s) URL, got {self.s3_endpoint!r}")
         if self.node_url and not self.node_url.startswith(("http://", "https://")):
             raise ConfigError(f"node_url must be an http(s) URL, got {self.node_url!r}")
+        if not self.max_header_bytes or self.max_header_bytes < 4096:
+            raise ConfigError("max_header_bytes must be at least 4K")
+        if self.header_timeout <= 0 or self.access_grace < 0:
+            raise ConfigError("header_timeout must be > 0 and access_grace >= 0 seconds")
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ConfigError("ssl_certfile and ssl_keyfile must be given together")
+
+    @property
+    def upstream_display(self) -> str:
+        """The upstream URL fit for messages, logs and the status page: any ``user:password@`` replaced."""
+        return redact_url(self.upstream)
 
     @property
     def auth_required(self) -> bool:
@@ -149,6 +174,7 @@ class Settings:
         for key in ("upstream_token", "jwt_secret"):
             if out.get(key):
                 out[key] = "***"
+        out["upstream"] = self.upstream_display
         return {k: str(v) if isinstance(v, Path) else v for k, v in out.items()}
 
 
@@ -159,7 +185,7 @@ def _coerce(name: str, raw: Any) -> Any:
     """Turn a TOML/env/CLI value into the field's type, with a clear error."""
     kind = str(_FIELDS[name].type)
     try:
-        if name in ("max_size", "hot_tier_max_size", "min_free_space"):
+        if name in ("max_size", "hot_tier_max_size", "min_free_space", "max_header_bytes", "max_api_body"):
             return parse_size(raw)
         if kind.startswith("bool"):
             if isinstance(raw, bool):
@@ -188,6 +214,8 @@ def load_settings(
     cli: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     config_file: Path | None = None,
+    *,
+    hf_token_env: bool = False,
 ) -> Settings:
     """Merge defaults, the TOML file, ``HF_MIRROR_*`` env vars and CLI values (``None`` = not given)."""
     env = os.environ if env is None else env
@@ -209,8 +237,9 @@ def load_settings(
         raw = env.get(ENV_PREFIX + name.upper())
         if raw is not None:
             values[name] = _coerce(name, raw)
-    # HF_TOKEN is the conventional home of a Hub token; the mirror's own variable wins.
-    if "upstream_token" not in values and env.get("HF_TOKEN"):
+    # HF_TOKEN is the conventional home of a Hub token: the sync and cache commands may take it, ``serve`` never
+    # does (a token picked up silently would be used for every caller's public downloads).
+    if hf_token_env and "upstream_token" not in values and env.get("HF_TOKEN"):
         values["upstream_token"] = env["HF_TOKEN"]
     for name, raw in (cli or {}).items():
         if raw is not None and name in _FIELDS:

@@ -2,7 +2,8 @@
 
     MirrorError                      500  (base; never raised bare)
     ├── BadRequest                   400  invalid repo id, revision, path, body
-    ├── MethodNotAllowed             405
+    ├── MethodNotAllowed             405  every write: the mirror is read-only (carries ``Allow``)
+    ├── RouteNotFound                404  not a read route the mirror serves (never relayed)
     ├── HeadersTooLarge              431  request headers over the mirror's limit
     ├── RangeNotSatisfiable          416
     ├── AccessDenied                 401/403 mirror-side access control and allow/deny lists
@@ -19,6 +20,8 @@ Routes map them to responses in one place (``mirror.hf.error_response``).
 """
 
 from __future__ import annotations
+
+import re
 
 
 class MirrorError(Exception):
@@ -39,6 +42,16 @@ class BadRequest(MirrorError):
 class MethodNotAllowed(MirrorError):
     status = 405
     code = "MethodNotAllowed"
+
+    def __init__(self, message: str, *, allow: tuple[str, ...] = ("GET", "HEAD")) -> None:
+        super().__init__(message, headers={"Allow": ", ".join((*allow, "OPTIONS"))})
+
+
+class RouteNotFound(MirrorError):
+    """A path that is none of the read routes the mirror serves: refused, never relayed."""
+
+    status = 404
+    code = "RouteNotFound"
 
 
 class HeadersTooLarge(MirrorError):
@@ -106,3 +119,28 @@ class OfflineMiss(MirrorError):
 class IntegrityError(MirrorError):
     status = 502
     code = "IntegrityError"
+
+
+# Credentials an upstream answer may echo (a debugging proxy, a misconfigured gateway): never relayed to a client.
+_SECRET_PATTERNS = (
+    (re.compile(r"(?i)\b(bearer|basic|token)(\s+|=)[^\s,;\"']+"), r"\1\2***"),
+    (re.compile(r"(?i)\b(authorization|proxy-authorization|cookie|set-cookie|x-[a-z0-9-]*token)(\s*[:=]\s*)[^\r\n]*"),
+     r"\1\2***"),
+    (re.compile(r"\b(hf|api_org)_[A-Za-z0-9_-]{6,}"), r"\1_***"),
+)
+_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]+@")
+
+
+def redact_url(text: str) -> str:
+    """``https://user:secret@host/x`` -> ``https://***@host/x``, anywhere in ``text``."""
+    return _URL_CREDENTIALS.sub(r"\1***@", text)
+
+
+def scrub_secrets(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """``text`` with anything that looks like a credential replaced by ``***`` (and each of ``secrets``)."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    for pattern, replacement in _SECRET_PATTERNS:
+        text = pattern.sub(replacement, text)
+    return redact_url(text)

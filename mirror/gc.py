@@ -253,7 +253,8 @@ class CacheManager:
                     counts[sample.labels["outcome"]] += sample.value
         served = counts["hit"] + counts["miss"] + counts["stale"]
         return {
-            "upstream": {"url": settings.upstream, "healthy": upstream.healthy, "last_error": upstream.last_error},
+            "upstream": {"url": settings.upstream_display, "healthy": upstream.healthy,
+                         "last_error": upstream.last_error},
             "offline": settings.offline,
             "cache_bytes": sum(b.size for b in blobs),
             "cache_blobs": len(blobs),

@@ -11,7 +11,7 @@ import functools
 import re
 from dataclasses import dataclass
 from enum import StrEnum
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote, unquote_to_bytes, urlsplit
 
 from mirror.errors import BadRequest
 
@@ -55,11 +55,31 @@ _NAME_RE = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za
 _MAX_PATH = 1024
 _MAX_REVISION = 256
 
-# API sub-routes that follow the repo id: /api/{type}s/{repo}/{sub}/...
-API_SUBROUTES = frozenset(
-    {"revision", "tree", "paths-info", "refs", "commits", "xet-read-token", "xet-write-token", "parquet", "treesize",
-     "resolve-cache", "discussions", "settings", "commit", "preupload", "lfs-files", "compare", "super-squash"}
-)
+# The read routes of one repo, /api/{type}s/{repo}[/{sub}/{args}], with how many path segments follow ``sub``
+# (min, max; None: a file path of any depth). Only these are served; the info route is ``""``.
+API_READ_ROUTES: dict[str, tuple[int, int | None]] = {
+    "": (0, 0), "revision": (1, 1), "tree": (1, None), "paths-info": (1, 1), "refs": (0, 0), "commits": (1, 1),
+    "treesize": (1, None), "parquet": (0, 3), "xet-read-token": (1, 1),
+}
+# Every sub-route the Hub has after a repo id (reads and writes): they tell a repo id from a sub-route when parsing.
+API_SUBROUTES = frozenset(API_READ_ROUTES) - {""} | {
+    "xet-write-token", "resolve-cache", "discussions", "settings", "commit", "preupload", "lfs-files", "compare",
+    "super-squash", "tag", "branch", "likers", "restart", "pause", "duplicate", "secrets", "variables",
+}
+# Read routes that are not about one repo: listings and the caller's own identity. Relayed with the caller's own
+# token (never the service token), streamed, uncached.
+API_LISTING_ROUTES = frozenset({"/api/models", "/api/datasets", "/api/spaces", "/api/whoami-v2"})
+# The read routes whose JSON the mirror caches, and the query parameters each understands: only those go upstream
+# and make up the cache key. parquet is relayed uncached; xet-read-token is answered by the mirror.
+API_CACHED_ROUTES = frozenset({"info", "revision", "tree", "paths-info", "refs", "commits", "treesize"})
+_INFO_PARAMS = frozenset({"expand", "blobs", "securityStatus", "files_metadata"})
+API_QUERY_PARAMS: dict[str, frozenset[str]] = {
+    "info": _INFO_PARAMS, "revision": _INFO_PARAMS, "tree": frozenset({"recursive", "expand", "cursor", "limit"}),
+    "paths-info": frozenset({"expand"}), "refs": frozenset({"include_prs"}),
+    "commits": frozenset({"p", "limit", "expand", "expand[]"}), "treesize": frozenset(),
+}
+# POST is a read only here: clients send paths-info as a form.
+POST_READ_ROUTES = frozenset({"paths-info"})
 
 
 def is_commit(revision: str) -> bool:
@@ -103,6 +123,33 @@ def _decode(segment: str) -> str:
     return unquote(segment, errors="strict")
 
 
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_ENCODED_FORBIDDEN = re.compile(r"%(?:[01][0-9a-f]|7f|2e|5c)")  # control characters, '.', '\\'
+
+
+def check_canonical(raw_path: str) -> None:
+    """Refuse every path that has more than one spelling, before any policy sees it.
+
+    No literal ``.``/``..`` or empty segments (one trailing slash aside), no invalid percent-encoding or UTF-8,
+    no control characters, no backslash, no encoded dot or backslash. Policies then run on the one parsed repo.
+    """
+    if not raw_path.startswith("/"):
+        raise BadRequest("Invalid path")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F or ch == "\\" for ch in raw_path):
+        raise BadRequest("Invalid characters in path")
+    if _BAD_PERCENT.search(raw_path) or _ENCODED_FORBIDDEN.search(raw_path.lower()):
+        raise BadRequest("Invalid percent-encoding in path")
+    try:
+        unquote_to_bytes(raw_path.encode("latin-1", "strict")).decode("utf-8", "strict")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        raise BadRequest("Invalid percent-encoding in path") from None
+    segments = raw_path.split("/")[1:]
+    if segments[-1:] == [""]:
+        segments.pop()
+    if any(segment in ("", ".", "..") for segment in segments):
+        raise BadRequest("Invalid path: empty, '.' or '..' segment")
+
+
 @dataclass(frozen=True)
 class RepoRef:
     type: RepoType
@@ -138,6 +185,14 @@ class ApiTarget:
     sub: str
     revision: str | None
     path: str
+    readable: bool = True  # one of API_READ_ROUTES, with its number of segments
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The methods the mirror answers on this route (OPTIONS aside): never a write."""
+        if not self.readable:
+            return ()
+        return ("GET", "HEAD", "POST") if self.sub in POST_READ_ROUTES else ("GET", "HEAD")
 
 
 def _split_repo(segments: list[str], marker_pos: int) -> str:
@@ -190,9 +245,62 @@ def parse_api(raw_path: str) -> ApiTarget | None:
     repo = RepoRef(repo_type, _split_repo(rest, pos))
     sub = rest[pos]
     args = rest[pos + 1 :]
+    arity = API_READ_ROUTES.get(sub)
+    if arity is None or len(args) < arity[0] or (arity[1] is not None and len(args) > arity[1]):
+        return ApiTarget(repo, sub, None, "", readable=False)  # a write route, or a read route misspelt
     revision = validate_revision(_decode(args[0])) if args else None
     path = validate_path(_decode("/".join(args[1:])), allow_empty=True) if len(args) > 1 else ""
     return ApiTarget(repo, sub, revision, path)
+
+
+class RouteKind(StrEnum):
+    RESOLVE = "resolve"
+    API = "api"  # a read route of one repo
+    LISTING = "listing"  # a repo-less read route, relayed with the caller's own token
+    LOCAL = "local"  # answered by the mirror itself (agent-harnesses)
+    OPS = "ops"  # the mirror's own pages: status, metrics, healthz, docs
+    UNKNOWN = "unknown"  # refused
+
+
+@dataclass(frozen=True)
+class Route:
+    kind: RouteKind
+    methods: tuple[str, ...] = ("GET", "HEAD")  # what the mirror answers here besides OPTIONS; never a write
+    resolve: ResolveTarget | None = None
+    api: ApiTarget | None = None
+
+
+_OPS_PATHS = frozenset({"/", "/healthz", "/metrics", "/api/mirror/status", "/docs", "/openapi.json",
+                        "/docs/oauth2-redirect", "/redoc"})
+
+
+def classify(raw_path: str) -> Route:
+    """What a (canonical) request path is. Raises BadRequest for a malformed repo id, revision or file path."""
+    if "/resolve/" in raw_path or raw_path.startswith("/api/resolve-cache/"):
+        resolve = parse_resolve(raw_path)
+        if resolve is not None:
+            return Route(RouteKind.RESOLVE, resolve=resolve)
+    path = raw_path.rstrip("/") or "/"
+    if path in _OPS_PATHS:
+        return Route(RouteKind.OPS)
+    if path == "/api/agent-harnesses":
+        return Route(RouteKind.LOCAL)
+    if path in API_LISTING_ROUTES:
+        return Route(RouteKind.LISTING)
+    if raw_path.startswith("/api/"):
+        api = parse_api(raw_path)
+        if api is not None and api.readable:
+            return Route(RouteKind.API, methods=api.methods, api=api)
+    return Route(RouteKind.UNKNOWN)
+
+
+def repo_of_path(raw_path: str) -> RepoRef | None:
+    """The repo a resolve or API path names (an upstream redirect's target), or ``None``."""
+    try:
+        target = parse_resolve(raw_path) or parse_api(raw_path)
+    except BadRequest:
+        return None
+    return target.repo if target is not None else None
 
 
 def query_flag(value: str | None) -> bool:

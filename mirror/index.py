@@ -57,6 +57,7 @@ class ApiEntry:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+NEGATIVE_TTL = 86400.0  # seconds a remembered 404 (file, tree path) is kept; a commit's content never changes
 _SEP = "\x1f"  # string keys: diskcache stores str natively, tuples are pickled (slow on the hot path)
 
 
@@ -129,14 +130,24 @@ class MetadataIndex:
     def put_file(self, repo: RepoRef, entry: FileEntry) -> None:
         key = _key("file", repo.type.value, repo.repo_id, entry.commit, entry.path)
         self._files.put(key, entry)
-        self._cache.set(key, entry)
+        # A known absence is anyone's input (any path can be asked for): it expires, so junk cannot pile up.
+        self._cache.set(key, entry, expire=NEGATIVE_TTL if entry.missing else None)
 
     # API JSON --------------------------------------------------------------------------------------------------
     def get_api(self, repo: RepoRef, revision: str | None, route: str, query: str) -> ApiEntry | None:
         return self._cache.get(_key("api", repo.type.value, repo.repo_id, revision, route, query))
 
     def put_api(self, repo: RepoRef, revision: str | None, route: str, query: str, entry: ApiEntry) -> None:
-        self._cache.set(_key("api", repo.type.value, repo.repo_id, revision, route, query), entry)
+        expire = NEGATIVE_TTL if entry.status >= 400 else None
+        self._cache.set(_key("api", repo.type.value, repo.repo_id, revision, route, query), entry, expire=expire)
+
+    def volume(self) -> int:
+        """Bytes the index holds on disk (SQLite file and value files)."""
+        return int(self._cache.volume())
+
+    def cull_expired(self) -> int:
+        """Drop expired entries (negative answers, access records); returns how many."""
+        return int(self._cache.expire())
 
     # visibility and access -------------------------------------------------------------------------------------
     def get_public(self, repo: RepoRef) -> bool | None:
@@ -149,8 +160,9 @@ class MetadataIndex:
         """(allowed, when) for a token digest (or ``public``) and an access kind (``meta``/``content``)."""
         return self._cache.get(_key("access", subject, kind, repo.key))
 
-    def put_access(self, subject: str, kind: str, repo: RepoRef, value: tuple[bool, float]) -> None:
-        self._cache.set(_key("access", subject, kind, repo.key), value)
+    def put_access(self, subject: str, kind: str, repo: RepoRef, value: tuple[bool, float],
+                   expire: float | None = None) -> None:
+        self._cache.set(_key("access", subject, kind, repo.key), value, expire=expire)
 
     # pins ------------------------------------------------------------------------------------------------------
     def set_pins(self, repos: list[RepoRef], source: str) -> None:

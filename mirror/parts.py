@@ -80,8 +80,7 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
         store, upstream, metrics, chunk_size=settings.fill_chunk_size, lease_ttl=settings.lease_stale_seconds,
         cancel_on_disconnect=settings.fill_on_disconnect == "cancel", node_url=settings.node_url,
     )
-    access = AccessPolicy(index, ttl=settings.access_ttl, fail_open=settings.access_fail_open,
-                          offline=settings.offline)
+    access = AccessPolicy.from_settings(index, settings)
     cache = CacheManager(store, index, metrics, max_size=settings.max_size, is_busy=_busy(store, fills),
                          root=settings.cache_dir, min_free_space=settings.min_free_space or 0,
                          evicts_for_disk=settings.storage == "local")

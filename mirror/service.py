@@ -12,19 +12,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
 from mirror import hf
-from mirror.access import AccessPolicy, Caller
+from mirror.access import AccessPolicy, Caller, offline_refusal
 from mirror.config import Settings
 from mirror.errors import EntryNotFound, HubError, MirrorError, OfflineMiss, UpstreamUnavailable
 from mirror.fill import Fill, FillManager, FillSpec
 from mirror.index import ApiEntry, FileEntry, MetadataIndex
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobStore
-from mirror.upstream import UpstreamClient, hub_error
+from mirror.upstream import RelayBody, UpstreamClient
 
 log = logging.getLogger("hf_mirror.service")
 
@@ -81,7 +82,7 @@ class MirrorService:
         if self.settings.offline:
             return self._stale_file(target, caller, OfflineMiss(f"{path} is not cached and the mirror is offline"))
         try:
-            meta = await self.upstream.head_file(repo, revision, path, caller.token)
+            meta = await self.upstream.head_file(repo, revision, path, caller.token, caller.check)
         except EntryNotFound as exc:
             if exc.commit:
                 self._remember_ref(repo, revision, exc.commit)
@@ -102,7 +103,7 @@ class MirrorService:
 
     def _found(self, repo: hf.RepoRef, entry: FileEntry, outcome: str) -> ResolvedFile:
         if entry.missing:
-            raise EntryNotFound(entry.commit, f"{entry.path} does not exist at {entry.commit}")
+            raise EntryNotFound(entry.commit)  # the Hub's own words: the client appends them to its message
         return ResolvedFile(repo, entry, outcome)
 
     def _stale_file(self, target: hf.ResolveTarget, caller: Caller, cause: MirrorError) -> ResolvedFile:
@@ -112,9 +113,8 @@ class MirrorService:
             if isinstance(cause, UpstreamUnavailable):
                 raise type(cause)(f"{cause.message}; {target.path} is not cached on the mirror")
             raise cause
-        if not (self.access.is_public(target.repo, "content") or self.access.fail_open
-                or self.access.known_allowed(target.repo, "content", caller)):
-            raise UpstreamUnavailable("Upstream is unreachable and access to this repo cannot be confirmed")
+        if not self.access.may_serve_stale(target.repo, "content", caller):
+            raise self._unconfirmed(caller)
         self.metrics.stale_served.inc()
         log.warning("serving %s %s stale: %s", target.repo.key, target.path, cause.message)
         return self._found(target.repo, entry, "stale")
@@ -123,9 +123,21 @@ class MirrorService:
         async def probe(token: str | None) -> None:
             if self.settings.offline:
                 raise UpstreamUnavailable("offline")
-            await self.upstream.head_file(repo, revision, path, token)
+            await self.upstream.head_file(repo, revision, path, token, caller.check)
 
         await self.access.check(repo, "content", caller, probe)
+
+    def _unconfirmed(self, caller: Caller) -> MirrorError:
+        if self.settings.offline:
+            return offline_refusal(caller)
+        return UpstreamUnavailable("Upstream is unreachable and access to this repo cannot be confirmed")
+
+    def fill_token(self, resolved: ResolvedFile, caller: Caller) -> str | None:
+        """The token a fill downloads with: the caller's; for public content, the service token (the rate limits of
+        an account, not of an anonymous address). The bytes of a file whose metadata upstream served anonymously."""
+        if caller.token is None and self.access.is_public(resolved.repo, "content"):
+            return self.settings.upstream_token
+        return caller.token
 
     async def has_blob(self, etag: str) -> bool:
         """The blob is stored: on this disk (one stat), or else in the shared store (False if it cannot tell)."""
@@ -144,7 +156,8 @@ class MirrorService:
             return BlobSource(str(path), None)
         if self.settings.offline and await self.store.stat(entry.etag) is None:
             raise OfflineMiss(f"{entry.path} is not cached and the mirror is offline")
-        spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size, token=caller.token,
+        spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
+                        token=self.fill_token(resolved, caller),
                         cdn_url=resolved.cdn_url, detached=False)
         if (self.make_room is not None and not self.settings.offline and not self.fills.is_filling(entry.etag)
                 and not await self.make_room(entry.size, self.fills.bytes_to_write)):
@@ -178,16 +191,16 @@ class MirrorService:
 
     async def api(self, target: hf.ApiTarget, method: str, raw_path: str, query: list[tuple[str, str]],
                   form: list[tuple[str, str]] | None, caller: Caller) -> ApiResult:
-        """Cached API JSON for the routes clients read; immutable when pinned to a commit."""
+        """Cached API JSON for the read routes clients use; immutable when pinned to a commit.
+
+        Only the query parameters a route understands are sent upstream and make up the cache key: junk in a query
+        string neither reaches upstream nor grows the index.
+        """
         route = target.sub or "info"
         revision = target.revision
-        if route in ("xet-read-token", "xet-write-token"):
+        if route not in hf.API_CACHED_ROUTES:
             raise HubError(404, "EntryNotFound", "Xet is not served by this mirror; clients download over HTTP")
-        cacheable = method in ("GET", "POST") and route in (
-            "info", "revision", "tree", "paths-info", "refs", "commits", "treesize"
-        )
-        if not cacheable:
-            return await self._passthrough(method, raw_path, query, form, caller)
+        query = [(k, v) for k, v in query if k in hf.API_QUERY_PARAMS.get(route, ())]
         key_query = _normalise_query(query, form)
         key_rev = revision
         commit = self._known_commit(target.repo, revision, fresh=True) if revision else None
@@ -203,20 +216,24 @@ class MirrorService:
             raise OfflineMiss(f"{raw_path} is not cached and the mirror is offline")
         upstream_path = raw_path + (f"?{urlencode(query)}" if query else "")
         try:
-            response = await self.upstream.api(method, upstream_path, caller.token, form=form)
+            response = await self.upstream.api("POST" if form is not None else "GET", upstream_path, caller.token,
+                                               form=form, guard=caller.check)
         except UpstreamUnavailable as exc:
             return await self._stale_api(target, caller, cached, exc)
         if response.status_code >= 500:
-            return await self._stale_api(target, caller, cached, hub_error(response, resolve=False))
+            return await self._stale_api(target, caller, cached, self.upstream.error(response, resolve=False))
         if response.status_code >= 400:
-            error = hub_error(response, resolve=False)
+            error = self.upstream.error(response, resolve=False)
             if immutable and isinstance(error, EntryNotFound):
                 # A path missing at a commit stays missing: remember it, so that datasets' probes of absent folders
                 # keep their fast 404 while upstream is down.
-                headers = tuple((k, v) for k, v in response.headers.items() if k.lower() in hf.API_RELAYED_HEADERS)
+                headers = tuple((k, v) for k, v in response.headers.items()
+                                if k.lower() in hf.API_RELAYED_HEADERS and k.lower() != "x-error-message")
                 if not any(k.lower() == "x-error-code" for k, _ in headers):
                     headers += (("x-error-code", "EntryNotFound"),)
-                entry = ApiEntry(404, headers, response.content, time.time(), immutable=True)
+                body = json.dumps({"error": error.message}).encode()
+                entry = ApiEntry(404, headers + (("x-error-message", error.message),), body, time.time(),
+                                 immutable=True)
                 self.index.put_api(target.repo, key_rev, f"{route}:{target.path}", key_query, entry)
             elif response.status_code in (401, 403, 404):
                 self.access.record_public(target.repo, "meta", caller.token, public=False)
@@ -238,9 +255,8 @@ class MirrorService:
                          cause: MirrorError) -> ApiResult:
         if cached is None:
             raise cause
-        if not (self.access.is_public(target.repo, "meta") or self.access.fail_open
-                or self.access.known_allowed(target.repo, "meta", caller)):
-            raise UpstreamUnavailable("Upstream is unreachable and access to this repo cannot be confirmed")
+        if not self.access.may_serve_stale(target.repo, "meta", caller):
+            raise self._unconfirmed(caller)
         self.metrics.stale_served.inc()
         log.warning("serving API %s %s stale: %s", target.repo.key, target.sub or "info", cause.message)
         return ApiResult(cached.status, cached.headers, cached.body, "stale")
@@ -249,27 +265,22 @@ class MirrorService:
         async def probe(token: str | None) -> None:
             if self.settings.offline:
                 raise UpstreamUnavailable("offline")
-            response = await self.upstream.api("GET", target.repo.api_path(), token)
+            response = await self.upstream.api("GET", target.repo.api_path(), token, guard=caller.check)
             if response.status_code >= 400:
-                raise hub_error(response, resolve=False)
+                raise self.upstream.error(response, resolve=False)
 
         await self.access.check(target.repo, "meta", caller, probe)
 
-    async def _passthrough(self, method: str, raw_path: str, query: list[tuple[str, str]],
-                           form: list[tuple[str, str]] | None, caller: Caller) -> ApiResult:
+    @asynccontextmanager
+    async def relay(self, raw_path: str, query: list[tuple[str, str]], caller: Caller) -> AsyncIterator[RelayBody]:
+        """A read route the mirror does not cache (listings, whoami, parquet listings), relayed as it arrives.
+
+        Always with the caller's own Hub token or none: never with the service token, whatever the settings."""
         if self.settings.offline:
             raise OfflineMiss(f"{raw_path} is not cached and the mirror is offline")
-        upstream_path = raw_path + (f"?{urlencode(query)}" if query else "")
-        response = await self.upstream.api(method, upstream_path, caller.token, form=form)
-        if response.status_code >= 400:
-            raise hub_error(response, resolve=False)
-        headers = tuple((k, v) for k, v in response.headers.items() if k.lower() in hf.API_RELAYED_HEADERS)
-        return ApiResult(response.status_code, headers, response.content, "passthrough")
-
-    async def passthrough(self, method: str, raw_path: str, query: list[tuple[str, str]],
-                          form: list[tuple[str, str]] | None, caller: Caller) -> ApiResult:
-        """An API route the mirror does not know: relayed uncached (never answered 404 by the mirror itself)."""
-        return await self._passthrough(method, raw_path, query, form, caller)
+        token = caller.token if caller.own_token else None
+        async with self.upstream.relay(raw_path + (f"?{urlencode(query)}" if query else ""), token) as body:
+            yield body
 
 
 def _blob_key(etag: str) -> str:

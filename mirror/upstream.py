@@ -12,6 +12,7 @@ Hub puts the metadata of LFS files on its 302. Upstream errors become the except
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import time
@@ -27,7 +28,14 @@ import urllib3
 
 from mirror import hf
 from mirror.config import Settings
-from mirror.errors import EntryNotFound, HubError, MirrorError, UpstreamTimeout, UpstreamUnavailable
+from mirror.errors import (
+    EntryNotFound,
+    HubError,
+    MirrorError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    scrub_secrets,
+)
 from mirror.metrics import Metrics
 
 log = logging.getLogger("hf_mirror.upstream")
@@ -35,6 +43,11 @@ log = logging.getLogger("hf_mirror.upstream")
 _REDIRECTS = (301, 302, 303, 307, 308)
 _RETRY_STATUSES = (429, 500, 502, 503, 504)
 _MAX_HOPS = 10
+_MAX_ERROR_BODY = 64 * 1024  # an error answer is read this far at most (its message is all the mirror needs)
+# Headers of a 429 that tell the client how long to wait (huggingface_hub reads all three).
+_RATE_LIMIT_HEADERS = ("Retry-After", "RateLimit", "RateLimit-Policy")
+
+RepoGuard = Callable[[hf.RepoRef], None]  # raises when the caller may not read a repo an upstream redirect leads to
 
 
 class UrlExpired(MirrorError):
@@ -47,6 +60,44 @@ class UpstreamFileMeta:
     etag: str
     size: int
     cdn_url: str | None  # absolute URL of a cross-origin redirect (the CDN), never shown to clients
+
+
+@dataclass(frozen=True)
+class UpstreamAnswer:
+    """A whole, size-bounded upstream answer (API JSON, errors): the mirror's own value, not a transport object."""
+
+    status_code: int
+    headers: httpx.Headers
+    content: bytes
+    reason_phrase: str = ""
+
+    def json(self) -> object:
+        return json.loads(self.content)
+
+    async def aclose(self) -> None:
+        """Nothing to release: the body is read (retries close every answer alike)."""
+
+
+@dataclass(frozen=True)
+class RelayBody:
+    """An upstream answer relayed as it arrives, never held whole: status, headers and the body's chunks."""
+
+    status_code: int
+    headers: httpx.Headers
+    chunks: AsyncIterator[bytes]
+
+
+async def _read_capped(response: httpx.Response, cap: int, what: str) -> UpstreamAnswer:
+    """Read a streamed response into an :class:`UpstreamAnswer`, refusing one larger than ``cap`` bytes."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise UpstreamUnavailable(f"Upstream's answer for {what} is larger than the mirror relays ({cap} bytes)")
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > cap:
+            raise UpstreamUnavailable(f"Upstream's answer for {what} is larger than the mirror relays ({cap} bytes)")
+    return UpstreamAnswer(response.status_code, response.headers, bytes(body), response.reason_phrase)
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:
@@ -135,6 +186,8 @@ def bulk_body(response: httpx.Response) -> BulkBody:
 class UpstreamClient:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.base = settings.upstream
+        self.display = settings.upstream_display  # the URL as messages show it: never its credentials
+        self._secrets = tuple(secret for secret in (settings.upstream_token, settings.jwt_secret) if secret)
         self.origin = _origin(self.base)
         self.settings = settings
         self.metrics = metrics
@@ -168,10 +221,12 @@ class UpstreamClient:
     async def _send(
         self, method: str, url: str, *, token: str | None, headers: dict[str, str] | None = None,
         follow: str = "all", stream: bool = False, data: list[tuple[str, str]] | None = None,
+        guard: RepoGuard | None = None,
     ) -> tuple[httpx.Response, str]:
         """Send one request, following redirects by hand. ``follow``: ``all``, ``same-origin`` or ``none``.
 
-        Returns the final response and its URL. Auth is only sent to the upstream's origin.
+        Returns the final response and its URL. Auth is only sent to the upstream's origin. A redirect within the
+        upstream to another repo (a renamed repo, a case variant) passes ``guard`` under that repo's id first.
         """
         current = url
         body: bytes | None = None
@@ -187,20 +242,24 @@ class UpstreamClient:
                 response = await self.client.send(request, stream=stream)
             except httpx.TimeoutException as exc:
                 self._mark(False, f"timeout: {exc!r}")
-                raise UpstreamTimeout(f"Upstream {self.base} timed out ({type(exc).__name__})") from exc
+                raise UpstreamTimeout(f"Upstream {self.display} timed out ({type(exc).__name__})") from exc
             except httpx.HTTPError as exc:
                 self._mark(False, f"{type(exc).__name__}: {exc}")
                 # 504, like a timeout: the gateway could not get an answer (502 is kept for bad answers).
-                raise UpstreamTimeout(f"Upstream {self.base} is unreachable: {type(exc).__name__}") from exc
+                raise UpstreamTimeout(f"Upstream {self.display} is unreachable: {type(exc).__name__}") from exc
             self._observe(response.status_code, started)
             target = _next_hop(current, response.status_code, response.headers.get("location"), follow)
             if target is None:
                 return response, current
             await response.aclose()
+            if guard is not None and _origin(target) == self.origin:
+                moved_to = hf.repo_of_path(urlsplit(target).path)
+                if moved_to is not None:
+                    guard(moved_to)
             current = target
             if method == "POST" and response.status_code == 303:
                 method, body = "GET", None
-        raise UpstreamUnavailable(f"Upstream {self.base} redirected too many times")
+        raise UpstreamUnavailable(f"Upstream {self.display} redirected too many times")
 
     def _send_bulk(self, url: str, token: str | None, headers: dict[str, str],
                    observe: bool = True) -> tuple[httpx.Response, str]:
@@ -223,7 +282,7 @@ class UpstreamClient:
                 if not observe:  # a peer node: its address is no secret (a CDN URL's signature is)
                     raise UpstreamUnavailable(f"{current} is unreachable: {type(exc).__name__}") from exc
                 self._mark(False, f"{type(exc).__name__}: {exc}")
-                raise UpstreamTimeout(f"Upstream {self.base} is unreachable: {type(exc).__name__}") from exc
+                raise UpstreamTimeout(f"Upstream {self.display} is unreachable: {type(exc).__name__}") from exc
             if observe:
                 self._observe(raw.status, started)
             target = _next_hop(current, raw.status, raw.headers.get("location"), "all")
@@ -236,7 +295,7 @@ class UpstreamClient:
             raw.drain_conn()
             raw.release_conn()
             current = target
-        raise UpstreamUnavailable(f"Upstream {self.base} redirected too many times")
+        raise UpstreamUnavailable(f"Upstream {self.display} redirected too many times")
 
     def _observe(self, status: int, started: float) -> None:
         self.metrics.upstream_latency.observe(time.perf_counter() - started)
@@ -247,14 +306,31 @@ class UpstreamClient:
     def _mark(self, healthy: bool, error: str | None) -> None:
         self.healthy = healthy
         if error:
-            self.last_error = error
+            self.last_error = self.scrub(error)
+
+    def scrub(self, text: str) -> str:
+        """``text`` without credentials: the service token, bearer values, URL passwords, cookies."""
+        return scrub_secrets(text, self._secrets)
+
+    def error(self, response: httpx.Response | UpstreamAnswer, *, resolve: bool) -> MirrorError:
+        """The Hub-shaped error for an upstream error answer, scrubbed of credentials (an upstream may echo them)."""
+        error = hub_error(response, resolve=resolve)
+        error.message = self.scrub(error.message)
+        error.args = (error.message,)
+        return error
 
     async def _with_retries(self, attempt: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
-        """Retry 429/5xx with bounded backoff (``Retry-After`` honoured up to ``retry_backoff_max``)."""
+        """Retry 429/5xx with bounded backoff (``Retry-After`` honoured up to ``retry_backoff_max``).
+
+        A 429 is tried once more at most, then relayed with its rate-limit headers: the client knows its own budget,
+        and hammering a rate-limited upstream only spends the whole mirror's.
+        """
         retries = self.settings.upstream_retries
         for number in range(retries + 1):
             response = await attempt()
             if response.status_code not in _RETRY_STATUSES or number == retries:
+                return response
+            if response.status_code == 429 and number >= 1:
                 return response
             delay = min(0.25 * 2**number, self.settings.retry_backoff_max)
             retry_after = response.headers.get("retry-after")
@@ -267,19 +343,20 @@ class UpstreamClient:
 
     # --- files ----------------------------------------------------------------------------------------------------
 
-    async def head_file(self, repo: hf.RepoRef, revision: str, path: str, token: str | None) -> UpstreamFileMeta:
+    async def head_file(self, repo: hf.RepoRef, revision: str, path: str, token: str | None,
+                        guard: RepoGuard | None = None) -> UpstreamFileMeta:
         """The metadata of a file, the way ``hf_hub_download`` reads it: follows same-origin redirects only."""
         url = self.base + repo.resolve_path(revision, path)
 
         async def attempt() -> httpx.Response:
             response, _ = await self._send(
-                "HEAD", url, token=token, headers={"accept-encoding": "identity"}, follow="same-origin"
+                "HEAD", url, token=token, headers={"accept-encoding": "identity"}, follow="same-origin", guard=guard
             )
             return response
 
         response = await self._with_retries(attempt)
         if response.status_code >= 400:
-            raise hub_error(response, resolve=True)
+            raise self.error(response, resolve=True)
         commit = response.headers.get(hf.H_REPO_COMMIT)
         etag = hf.parse_etag(response.headers.get(hf.H_LINKED_ETAG) or response.headers.get("etag"))
         size_header = response.headers.get(hf.H_LINKED_SIZE)
@@ -287,7 +364,7 @@ class UpstreamClient:
             size_header = response.headers.get("content-length")
         if not commit or not etag or size_header is None or not size_header.isdigit():
             raise UpstreamUnavailable(
-                f"Upstream {self.base} answered {response.status_code} for {path!r} without the file metadata "
+                f"Upstream {self.display} answered {response.status_code} for {path!r} without the file metadata "
                 "(X-Repo-Commit, ETag, size)"
             )
         cdn_url = None
@@ -327,8 +404,7 @@ class UpstreamClient:
             if response.status_code in (403, 410) and _origin(final_url) != self.origin:
                 raise UrlExpired(f"signed URL refused with {response.status_code}")
             if response.status_code >= 400:
-                await response.aread()
-                raise hub_error(response, resolve=True)
+                raise self.error(await _read_error(response), resolve=True)
             if start and response.status_code != 206:
                 raise UpstreamUnavailable(f"Upstream ignored Range for {path!r} (status {response.status_code})")
             yield response, final_url
@@ -353,20 +429,51 @@ class UpstreamClient:
 
     async def api(
         self, method: str, path_qs: str, token: str | None, form: list[tuple[str, str]] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> httpx.Response:
-        """An API request (body read). ``path_qs`` is the raw path plus query string, relayed verbatim."""
+        headers: dict[str, str] | None = None, guard: RepoGuard | None = None,
+    ) -> UpstreamAnswer:
+        """An API request, its body read up to ``max_api_body``. ``path_qs``: the raw path plus query string."""
+        url = self.base + path_qs
+
+        async def attempt() -> UpstreamAnswer:
+            response, _ = await self._send(method, url, token=token, headers=headers, data=form, stream=True,
+                                           guard=guard)
+            try:
+                return await _read_capped(response, self.settings.max_api_body, path_qs.split("?")[0])
+            finally:
+                await response.aclose()
+
+        return await self._with_retries(attempt)  # type: ignore[arg-type,return-value]
+
+    @asynccontextmanager
+    async def relay(self, path_qs: str, token: str | None) -> AsyncIterator[RelayBody]:
+        """A read route relayed as it arrives (bounded memory); errors are raised Hub-shaped, scrubbed."""
         url = self.base + path_qs
 
         async def attempt() -> httpx.Response:
-            response, _ = await self._send(method, url, token=token, headers=headers, data=form)
-            await response.aread()
+            response, _ = await self._send("GET", url, token=token, stream=True, follow="same-origin")
             return response
 
-        return await self._with_retries(attempt)
+        response = await self._with_retries(attempt)  # type: ignore[arg-type]
+        try:
+            if response.status_code >= 400:
+                raise self.error(await _read_error(response), resolve=False)
+            yield RelayBody(response.status_code, response.headers, response.aiter_bytes())
+        finally:
+            await response.aclose()
 
 
-def hub_error(response: httpx.Response, *, resolve: bool) -> MirrorError:
+async def _read_error(response: httpx.Response) -> UpstreamAnswer:
+    """An error answer's head and the start of its body (enough for the message; a huge one is not held)."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) >= _MAX_ERROR_BODY:
+            break
+    return UpstreamAnswer(response.status_code, response.headers, bytes(body[:_MAX_ERROR_BODY]),
+                          response.reason_phrase)
+
+
+def hub_error(response: httpx.Response | UpstreamAnswer, *, resolve: bool) -> MirrorError:
     """Map an upstream error response to a HubError that keeps its status, code, message and commit."""
     code = response.headers.get(hf.H_ERROR_CODE)
     message = response.headers.get(hf.H_ERROR_MESSAGE) or _json_error(response) or response.reason_phrase
@@ -383,15 +490,15 @@ def hub_error(response: httpx.Response, *, resolve: bool) -> MirrorError:
         if code == "EntryNotFound":
             return EntryNotFound(commit, message)
     headers = {hf.H_REPO_COMMIT: commit} if commit else {}
-    if status == 429 and response.headers.get("retry-after"):
-        headers["Retry-After"] = response.headers["retry-after"]
+    if status == 429:
+        headers.update({name: response.headers[name] for name in _RATE_LIMIT_HEADERS if name in response.headers})
     return HubError(status, code, message, headers=headers)
 
 
-def _json_error(response: httpx.Response) -> str | None:
+def _json_error(response: httpx.Response | UpstreamAnswer) -> str | None:
     try:
         body = response.json()
-    except (ValueError, httpx.ResponseNotRead):
+    except (ValueError, httpx.ResponseNotRead, UnicodeDecodeError):
         return None
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, list):

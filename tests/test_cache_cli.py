@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.mirror_proc import MirrorProcess, run_client
@@ -221,8 +222,12 @@ def test_import_a_client_cache_and_serve_it_offline(emu: Any, hub: Hub, tmp_path
     assert blobs_in(cache) == client_blobs
     assert {row for row in ls(cache)} == {f"model:{MODEL}", f"dataset:{PARQUET}"}
     expected = expected_reads(hub)
-    # An air-gapped mirror (--offline, upstream never contacted) serves the imported repos to the real client.
+    # Offline, visibility upstream never told counts as closed: imported repos are refused to anyone ...
     with MirrorProcess("http://127.0.0.1:9", cache, "--offline") as mirror:
+        refused = httpx.get(f"{mirror.url}/{MODEL}/resolve/main/config.json")
+        assert refused.status_code == 401 and refused.headers["x-error-code"] == "RepoNotFound"
+    # ... until the operator opens them: an air-gapped mirror then serves the imported repos to the real client.
+    with MirrorProcess("http://127.0.0.1:9", cache, "--offline", "--open-unknown-repos") as mirror:
         reader = tmp_path / "reader"
         reader.mkdir()
         assert run_client(CLIENT_READS, mirror.url, reader) == expected

@@ -195,14 +195,21 @@ print(json.dumps(dict(sha=HfApi().model_info("acme/tiny-model").sha, cfg=open(p)
         assert miss.status_code >= 500 and miss.headers.get("x-error-code")
 
 
-def test_429_burst_with_retry_after_is_absorbed(emu, cache, tmp_path):
-    emu.set_faults(status_burst=3, burst_status=429, retry_after=1)
+def test_one_429_is_absorbed_and_a_burst_is_relayed_with_its_rate_limit_headers(emu, cache, tmp_path):
+    url = "/acme/tiny-model/resolve/main/config.json"
+    emu.set_faults(status_burst=1, burst_status=429, retry_after=1)
     with MirrorProcess(emu.url, cache) as mirror:
         began = time.monotonic()
-        response = httpx.get(f"{mirror.url}/acme/tiny-model/resolve/main/config.json", timeout=30)
+        response = httpx.get(mirror.url + url, timeout=30)
         assert response.status_code == 200
         assert response.content == emu.files.file_bytes("model", "acme/tiny-model", "main", "config.json")
-        assert time.monotonic() - began >= 2  # it waited as told, rather than hammering upstream
+        assert time.monotonic() - began >= 1  # it waited as told, rather than hammering upstream
+        # A burst: one more try at most, then the client gets the 429 and the headers that tell it how long to wait.
+        emu.set_faults(status_burst=5, burst_status=429, retry_after=1)
+        emu.reset_stats()
+        refused = httpx.get(mirror.url + "/acme/tiny-model/resolve/main/README.md", timeout=30)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        assert [r["method"] for r in emu.requests()] == ["HEAD", "HEAD"]
 
 
 def test_no_disk_room_relays_without_storing(emu: EmulatorHandle, cache: Path, tmp_path: Path) -> None:

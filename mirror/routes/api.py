@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from urllib.parse import parse_qsl
 
 from mirror import hf
@@ -12,58 +14,87 @@ from mirror.metrics import Metrics
 from mirror.routes.common import Receive, Scope, Send, mirror_base, query_pairs, send_error
 from mirror.service import ApiResult, MirrorService
 
+log = logging.getLogger("hf_mirror.api")
+
 _MAX_BODY = 1024 * 1024
 _AGENT_HARNESSES = json.dumps({"standardEnvVars": [], "harnesses": {}}).encode()
 
 
 class ApiHandler:
-    def __init__(self, service: MirrorService, metrics: Metrics, *, max_paths_info: int) -> None:
+    def __init__(self, service: MirrorService, metrics: Metrics, *, max_paths_info: int,
+                 max_relay_bytes: int, body_timeout: float) -> None:
         self.service = service
         self.metrics = metrics
         self.max_paths_info = max_paths_info
+        self.max_relay_bytes = max_relay_bytes
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, raw_path: str,
                        target: hf.ApiTarget | None, caller: Caller) -> str:
+        """A read route: cached JSON for one repo's routes, relayed as it arrives for the rest."""
         method = scope["method"]
         try:
             if raw_path.rstrip("/") == "/api/agent-harnesses":
                 result = ApiResult(200, (("content-type", "application/json"),), _AGENT_HARNESSES, "hit")
+            elif target is None or (target.sub or "info") not in hf.API_CACHED_ROUTES | {"xet-read-token"}:
+                return await self._relay(scope, send, raw_path, caller)
             else:
-                form = await self._read_form(scope, receive) if method in ("POST", "PUT") else None
-                query = query_pairs(scope)
-                if target is None:
-                    result = await self.service.passthrough(method, raw_path, query, form, caller)
-                else:
-                    result = await self.service.api(target, method, raw_path, query, form, caller)
+                form = await self._read_form(scope, receive) if method == "POST" else None
+                result = await self.service.api(target, method, raw_path, query_pairs(scope), form, caller)
         except MirrorError as exc:
             self.metrics.requests.labels(route="api", outcome="error").inc()
             await send_error(send, exc, head=method == "HEAD")
             return "error"
         self.metrics.requests.labels(route="api", outcome=result.outcome).inc()
         headers = [(b"content-length", str(len(result.body)).encode()), (b"x-mirror-cache", result.outcome.encode())]
-        for name, value in result.headers:
-            if name.lower() == "link":
-                value = hf.rewrite_link_header(value, mirror_base(scope)) or ""
-                if not value:
-                    continue
-            if name.lower() == "content-length":
-                continue
-            headers.append((name.lower().encode(), value.encode("latin-1")))
+        headers += _relayed_headers(result.headers, scope)
         if result.outcome == "stale":
             headers.append((b"warning", b'110 - "Response is stale"'))
         await send({"type": "http.response.start", "status": result.status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if method == "HEAD" else result.body})
         return result.outcome
 
+    async def _relay(self, scope: Scope, send: Send, raw_path: str, caller: Caller) -> str:
+        """Stream an uncached read route from upstream, never more than ``max_relay_bytes``; memory stays bounded."""
+        head = scope["method"] == "HEAD"
+        started = False
+        try:
+            async with self.service.relay(raw_path, query_pairs(scope), caller) as body:
+                headers = [(b"x-mirror-cache", b"passthrough")]
+                headers += _relayed_headers(tuple(body.headers.items()), scope)
+                await send({"type": "http.response.start", "status": body.status_code, "headers": headers})
+                started = True
+                sent = 0
+                if not head:
+                    async for chunk in body.chunks:
+                        sent += len(chunk)
+                        if sent > self.max_relay_bytes:
+                            raise MirrorError(f"relayed answer over {self.max_relay_bytes} bytes")
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except MirrorError as exc:
+            self.metrics.requests.labels(route="api", outcome="error").inc()
+            if started:
+                log.warning("relay of %s cut: %s", raw_path[:200], exc.message)
+                return "aborted"  # the headers are gone: a cut connection is the only honest signal left
+            await send_error(send, exc, head=head)
+            return "error"
+        await send({"type": "http.response.body", "body": b""})
+        self.metrics.requests.labels(route="api", outcome="passthrough").inc()
+        return "passthrough"
+
     async def _read_form(self, scope: Scope, receive: Receive) -> list[tuple[str, str]]:
         body = bytearray()
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if len(body) > _MAX_BODY:
-                raise BadRequest(f"request body over {_MAX_BODY} bytes")
-            if not message.get("more_body"):
-                break
+        try:
+            async with asyncio.timeout(self.body_timeout):  # a body sent byte by byte must not hold a slot forever
+                while True:
+                    message = await receive()
+                    body += message.get("body", b"")
+                    if len(body) > _MAX_BODY:
+                        raise BadRequest(f"request body over {_MAX_BODY} bytes")
+                    if not message.get("more_body"):
+                        break
+        except TimeoutError:
+            raise BadRequest(f"request body not received within {self.body_timeout:g} s") from None
         content_type = ""
         for key, value in scope["headers"]:
             if key == b"content-type":
@@ -84,3 +115,18 @@ class ApiHandler:
         for path in paths:
             hf.validate_path(path, allow_empty=True)
         return pairs
+
+
+def _relayed_headers(headers: tuple[tuple[str, str], ...], scope: Scope) -> list[tuple[bytes, bytes]]:
+    """Upstream's headers that clients read (``hf.API_RELAYED_HEADERS``), pagination links pointed at the mirror."""
+    out = []
+    for name, value in headers:
+        name = name.lower()
+        if name not in hf.API_RELAYED_HEADERS and name != "link":
+            continue
+        if name == "link":
+            value = hf.rewrite_link_header(value, mirror_base(scope)) or ""
+            if not value:
+                continue
+        out.append((name.encode(), value.encode("latin-1", "replace")))
+    return out

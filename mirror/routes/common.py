@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from mirror import hf
-from mirror.errors import BadRequest, MirrorError, RangeNotSatisfiable
+from mirror.errors import MirrorError, RangeNotSatisfiable
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -104,11 +103,21 @@ def query_pairs(scope: Scope) -> list[tuple[str, str]]:
     return parse_qsl(raw, keep_blank_values=True)
 
 
-_ENCODED_CONTROL = re.compile(r"%(?:[01][0-9a-f]|7f)")
+# What browser clients (transformers.js, huggingface.js) read on the Hub's answers: sent on every answer, as the Hub
+# does, so that a page on another origin can load models through the mirror.
+CORS_HEADERS = (
+    (b"access-control-allow-origin", b"*"),
+    (b"access-control-expose-headers", b"X-Repo-Commit,X-Request-Id,X-Error-Code,X-Error-Message,X-Total-Count,"
+     b"ETag,Link,Accept-Ranges,Content-Range,X-Linked-Size,X-Linked-ETag,X-Mirror-Cache"),
+)
+_PREFLIGHT_MAX_AGE = b"86400"
 
 
-def check_raw_path(raw_path: str) -> None:
-    """Refuse encodings that only an attacker sends: encoded dots and backslashes, control characters."""
-    lowered = raw_path.lower()
-    if "%2e" in lowered or "%5c" in lowered or "\\" in raw_path or _ENCODED_CONTROL.search(lowered):
-        raise BadRequest("Invalid characters in path")
+async def send_preflight(send: Send, methods: tuple[str, ...]) -> None:
+    """Answer ``OPTIONS`` (a CORS preflight, or a plain probe) locally: nothing goes upstream."""
+    allow = ", ".join((*methods, "OPTIONS")).encode()
+    headers = [(b"allow", allow), (b"access-control-allow-methods", allow),
+               (b"access-control-allow-headers", b"authorization, range, content-type, user-agent, x-request-id"),
+               (b"access-control-max-age", _PREFLIGHT_MAX_AGE), (b"content-length", b"0")]
+    await send({"type": "http.response.start", "status": 204, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})

@@ -5,6 +5,8 @@ host with a signed, expiring URL (plus Xet headers) for LFS files; the API route
 pagination and an absolute ``Link``, paths-info, refs, commits, xet-read-token); gated (401/403 ``GatedRepo``) and
 private (``RepoNotFound``) repos; ``X-Error-Code`` on every error. CDN host: the LFS bytes, with Range, rejecting
 expired or forged signatures with 403. Control routes under ``/_emulator/`` (stats, reset, faults, push).
+Every other request, on either host, is recorded (host, method, raw path with query, ``Authorization``) so a test
+can assert what did and did not reach upstream.
 Routing uses ``raw_path`` so ``refs%2Fpr%2F1`` stays one segment, as on the Hub.
 """
 
@@ -16,7 +18,7 @@ import hmac
 import json
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote
@@ -37,6 +39,8 @@ TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
 API_ACTIONS = ("revision", "tree", "paths-info", "refs", "commits", "xet-read-token", "xet-write-token")
 SECRET = b"emulator-cdn-signing-key"
 CHUNK = 1 << 20
+MAX_RECORDED = 2000
+ECHOED_COOKIE = "cookie: session=abc"  # what an upstream that echoes request headers would also echo
 
 
 @dataclass
@@ -52,6 +56,10 @@ class Faults:
     expired_before: float = 0.0  # CDN URLs issued before this unix time are rejected (403)
     down: bool = False  # every request answers 503 (a Hub outage that still accepts TCP)
     expire_on_drop: bool = False  # a drop also expires every signed URL issued so far (a long download outliving it)
+    # Renamed repos, as the Hub answers them: a 307 from every URL of the old id ("acme/old") to the same URL of the
+    # new one; keys and values are repo ids of models.
+    renamed: dict[str, str] = field(default_factory=dict)
+    echo_auth_in_error: bool = False  # Hub host answers 400 echoing the Authorization header (and a cookie)
 
 
 class Response(Exception):
@@ -80,6 +88,7 @@ class Emulator:
     tokens: Counter[str] = field(default_factory=Counter)
     bytes_served: int = 0
     log: list[str] = field(default_factory=list)
+    requests: deque[dict[str, str | None]] = field(default_factory=lambda: deque(maxlen=MAX_RECORDED))
 
     # --- ASGI --------------------------------------------------------------------------------------------------
 
@@ -94,6 +103,11 @@ class Emulator:
         self.counts["requests"] += 1
         self.log.append(f"{'cdn' if is_cdn else 'hub'} {method} {raw}")
         del self.log[:-500]
+        if not raw.startswith("/_emulator/"):
+            query_string = scope.get("query_string", b"").decode("latin-1")
+            self.requests.append({"host": "cdn" if is_cdn else "hub", "method": method,
+                                  "path": raw + (f"?{query_string}" if query_string else ""),
+                                  "auth": headers.get("authorization")})
         try:
             if raw.startswith("/_emulator/"):
                 raise self.control(method, raw, body)
@@ -104,19 +118,28 @@ class Emulator:
                     self.counts["cdn_requests_with_auth"] += 1
                 file, start, end, status, out = self.cdn(method, raw, query, headers)
             else:
-                await self.hub_faults()
+                await self.hub_faults(headers)
                 file, start, end, status, out = self.hub(method, raw, query, headers, body)
         except Response as answer:
             await send_response(send, method, answer.status, answer.headers, answer.body)
             return
         await self.send_file(send, method, file, start, end, status, out)
 
-    async def hub_faults(self) -> None:
+    async def hub_faults(self, headers: Headers) -> None:
         if self.faults.latency_s:
             await asyncio.sleep(self.faults.latency_s)
+        if self.faults.echo_auth_in_error:
+            # An upstream that quotes the request's headers back in its error (the message and the JSON body).
+            auth = headers.get("authorization", "")
+            message = f"bad request; you sent authorization: {auth}; {ECHOED_COOKIE}"
+            body = json.dumps({"error": message, "headers": f"authorization: {auth}\n{ECHOED_COOKIE}\n"}).encode()
+            raise Response(400, {"content-type": "application/json", "x-error-message": message}, body)
         if self.faults.status_burst > 0:
             self.faults.status_burst -= 1
             extra = {"retry-after": str(self.faults.retry_after)} if self.faults.retry_after is not None else {}
+            if self.faults.burst_status == 429:
+                extra["ratelimit"] = '"api";r=0;t=1'
+                extra["ratelimit-policy"] = '"fixed window";"api";q=1000;w=300'
             raise hub_error(self.faults.burst_status, None, "emulated upstream error", extra)
 
     async def send_file(self, send: Send, method: str, file: RepoFile, start: int, end: int, status: int,
@@ -167,9 +190,10 @@ class Emulator:
         payload = json.loads(body) if body else {}
         if action == "stats":
             result: Any = {"counts": dict(self.counts), "fetches": dict(self.fetches), "tokens": dict(self.tokens),
-                           "bytes_served": self.bytes_served, "log": self.log[-200:]}
+                           "bytes_served": self.bytes_served, "log": self.log[-200:], "requests": list(self.requests)}
         elif action == "reset":
             self.counts.clear()
+            self.requests.clear()
             self.fetches.clear()
             self.tokens.clear()
             self.log.clear()
@@ -196,6 +220,10 @@ class Emulator:
             self.tokens[token] += 1
             if token not in VALID_TOKENS:
                 raise hub_error(401, None, "Invalid credentials in Authorization header")
+        for old_id, new_id in self.faults.renamed.items():
+            for prefix in ("/", "/api/models/"):
+                if raw.startswith(prefix + old_id + "/") or raw == prefix + old_id:
+                    raise Response(307, {"location": prefix + new_id + raw[len(prefix + old_id):]})
         segments = raw.split("/")[1:]
         if segments[:2] == ["api", "resolve-cache"]:
             return self.resolve_cache(method, segments[2:], headers, token)

@@ -74,15 +74,24 @@ class EmulatorHandle:
 
     def stats(self) -> dict[str, Any]:
         """``counts`` (per route kind, ``cdn_requests_with_auth``), ``fetches`` (file bodies served per
-        ``type:repo/path``), ``tokens`` (Hub-host requests per bearer token), ``bytes_served``, ``log``."""
+        ``type:repo/path``), ``tokens`` (Hub-host requests per bearer token), ``bytes_served``, ``log``,
+        ``requests`` (see :meth:`requests`)."""
         return self._control("stats")
+
+    def requests(self) -> list[dict[str, str | None]]:
+        """Every request received since the last reset (the last 2000), both hosts, oldest first, control routes
+        excluded: ``{"host": "hub"|"cdn", "method", "path" (raw path, plus ``?query`` when present), "auth" (the
+        whole ``Authorization`` header, or None)}``."""
+        return list(self._control("stats")["requests"])
 
     def reset_stats(self) -> None:
         self._control("reset")
 
     def set_faults(self, **faults: Any) -> None:
         """Replace the faults: ``throttle_bps``, ``drop_after_bytes`` + ``drop_count``, ``status_burst`` +
-        ``burst_status`` + ``retry_after``, ``corrupt_next``, ``latency_s``, ``expire_urls=True``, ``down``."""
+        ``burst_status`` + ``retry_after`` (a 429 burst also sends ``RateLimit``/``RateLimit-Policy``),
+        ``corrupt_next``, ``latency_s``, ``expire_urls=True``, ``down``, ``echo_auth_in_error`` (Hub host answers
+        400 quoting the request's ``Authorization`` and a cookie in ``X-Error-Message`` and the JSON body)."""
         self._control("faults", faults)
 
     def clear_faults(self) -> None:
