@@ -37,7 +37,7 @@ from mirror.index import ApiEntry, FileEntry, MetadataIndex
 from mirror.integrity import hash_file
 from mirror.service import _normalise_query
 from mirror.storage.base import BlobStore
-from mirror.sync import listing_pages
+from mirror.sync.listings import listing_pages
 
 _REPO_DIR_RE = re.compile(r"^(models|datasets|spaces)--(.+)$")
 _JSON_HEADERS = (("content-type", "application/json"),)

@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mirror import cachecli, demo, harness, sync
+from mirror import cachecli, demo, harness
 from mirror.config import ConfigError, Settings, load_settings
+from mirror.sync import command as sync
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults: bool = False) -> None:

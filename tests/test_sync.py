@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from mirror.sync import ManifestError, load_manifest, parse_manifest, select
+from mirror.sync.manifest import ManifestError, load_manifest, parse_manifest
+from mirror.sync.selection import select
 from tests.mirror_proc import REPO_ROOT, MirrorProcess, run_client
 
 MODEL = "acme/tiny-model"

@@ -1,0 +1,26 @@
+"""What the run asks of a way to reach the cache (:mod:`mirror.sync.cache_dir_backend`,
+:mod:`mirror.sync.mirror_backend`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from mirror.sync.jobs import RemoteFile, RevisionJob
+from mirror.sync.manifest import Manifest
+
+
+class Backend(Protocol):
+    pins_supported: bool
+    default_token: str | None
+
+    async def resolve(self, job: RevisionJob) -> tuple[str, str | None]: ...
+    async def list_tree(self, job: RevisionJob) -> list[dict[str, Any]]: ...
+    async def prepare(self, job: RevisionJob, entries: list[dict[str, Any]]) -> None: ...
+    async def cached(self, job: RevisionJob, item: RemoteFile) -> bool: ...
+    def partial_bytes(self, item: RemoteFile) -> int: ...
+    async def fetch(self, job: RevisionJob, item: RemoteFile, progress: Callable[[int], None]) -> int | None:
+        """Bytes taken from upstream for this file; ``None`` when it turned out to be cached already."""
+        ...
+    def pin(self, manifest: Manifest) -> None: ...
+    async def aclose(self) -> None: ...

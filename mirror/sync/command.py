@@ -1,0 +1,94 @@
+"""``hf-mirror sync``'s own flags and its ``run(args, settings)``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable
+from pathlib import Path
+
+from mirror.config import ConfigError, Settings
+from mirror.sync.backend import Backend
+from mirror.sync.cache_dir_backend import CacheDirBackend
+from mirror.sync.manifest import load_manifest
+from mirror.sync.mirror_backend import MirrorBackend
+from mirror.sync.progress import PlainReporter, Reporter, RichReporter
+from mirror.sync.run import SyncResult, run_sync
+from mirror.sync.summary import print_summary
+
+log = logging.getLogger("hf_mirror.sync")
+
+
+DEFAULT_CONCURRENCY = 4
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``sync``'s own flags; the CLI adds the settings flags (``--cache-dir``, ``--upstream``, ...) beside them."""
+    parser.add_argument("--manifest", type=Path, required=True,
+                        help="TOML manifest of repos (see deploy/sync.example.toml)")
+    parser.add_argument("--mirror", metavar="URL",
+                        help="drive a running mirror over HTTP instead of the cache directory (no pins then)")
+    parser.add_argument("--dry-run", action="store_true", help="list what would be fetched and how many bytes")
+    parser.add_argument("--concurrency", type=int, help=f"files fetched in parallel (default: the manifest's, "
+                        f"else {DEFAULT_CONCURRENCY})")
+    parser.add_argument("--progress", choices=("auto", "bars", "plain"), default="auto",
+                        help="progress bars (terminal) or plain log lines (default: auto)")
+
+
+def _configure_logging(settings: Settings) -> None:
+    level = getattr(logging, settings.log_level.upper(), logging.INFO)
+    # Fill and upstream chatter stays at warning unless asked for: the reporter prints per-file lines.
+    logging.basicConfig(level=max(level, logging.WARNING), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    _configure_logging(settings)
+    manifest = load_manifest(args.manifest)
+    concurrency = args.concurrency or manifest.concurrency or DEFAULT_CONCURRENCY
+    if concurrency < 1:
+        raise ConfigError("--concurrency must be >= 1")
+    bars = args.progress == "bars" or (args.progress == "auto" and sys.stdout.isatty())
+    reporter: Reporter = RichReporter() if bars else PlainReporter()
+    backend: Backend
+    if args.mirror:
+        if not args.mirror.startswith(("http://", "https://")):
+            raise ConfigError(f"--mirror must be an http(s) URL, got {args.mirror!r}")
+        backend = MirrorBackend(args.mirror, settings, dry_run=args.dry_run)
+        pins_note = ("note: repos are not pinned in --mirror mode (the mirror has no pin endpoint); run "
+                     "`hf-mirror sync --cache-dir DIR` on the mirror host to pin them against eviction")
+    else:
+        backend = CacheDirBackend(settings, dry_run=args.dry_run)
+        pins_note = None if args.dry_run else f"pinned {len(manifest.repos)} repo(s) for {manifest.source}"
+    target = args.mirror or str(settings.cache_dir)
+    reporter.info(f"sync {manifest.path} -> {target}{' (dry run)' if args.dry_run else ''}: "
+                  f"{len(manifest.repos)} repo(s)")
+
+    async def main() -> SyncResult:
+        try:
+            return await run_sync(manifest, backend, reporter, concurrency=concurrency, dry_run=args.dry_run)
+        finally:
+            await _close(backend.aclose())
+
+    # systemd and timeouts stop with SIGTERM: treated as Ctrl-C (fills cancelled, partial files kept, exit 130).
+    previous = signal.signal(signal.SIGTERM, lambda _sig, _frame: os.kill(os.getpid(), signal.SIGINT))
+    try:
+        result = asyncio.run(main())
+    except KeyboardInterrupt:
+        reporter.stop()
+        print("sync interrupted: partial files are kept, run it again to resume", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print_summary(result, pins_note=pins_note)
+    return 1 if result.failed else 0
+
+
+async def _close(closing: Awaitable[None]) -> None:
+    try:
+        await closing
+    except Exception as exc:  # noqa: BLE001 - closing must not hide the run's result
+        log.warning("closing: %s", exc)
