@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mirror import cachecli, demo, harness
+from mirror import cachecli, demo
 from mirror.config import ConfigError, Settings, load_settings
+from mirror.harness import command as bench
 from mirror.sync import command as sync
 
 
@@ -130,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                            _with_settings(cachecli.run))
     add_settings_arguments(cache_parser)  # before the subcommand, and (below) after it
     cachecli.add_arguments(cache_parser, settings_flags(suppress_defaults=True))
-    harness.add_arguments(command("bench", "measure data loading through an endpoint into a training loop",
-                                  harness.run))
+    bench.add_arguments(command("bench", "measure data loading through an endpoint into a training loop",
+                                bench.run))
     demo.add_arguments(command("demo", "sample hub + mirror + bench, offline, in under a minute", demo.run))
     return parser
 

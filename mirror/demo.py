@@ -20,7 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from mirror import harness
+from mirror.harness.bench import run_bench
+from mirror.harness.protocol import EXIT_USER_ERROR, HarnessError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,10 +105,10 @@ def run(args: argparse.Namespace) -> int:
                   "direct-warm": "sample hub warm", "local": "local disk"}
         start = time.monotonic()
         try:
-            report = harness.run_bench(bench_args, labels=labels)
-        except harness.HarnessError as exc:
+            report = run_bench(bench_args, labels=labels)
+        except HarnessError as exc:
             print(f"hf-mirror demo: error ({exc.kind}): {exc.message}", file=sys.stderr)
-            return harness.EXIT_USER_ERROR
+            return EXIT_USER_ERROR
         print(f"[demo] done in {time.monotonic() - start:.1f}s; the same against your own mirror:\n"
               f"  hf-mirror bench --endpoint http://127.0.0.1:8090 --dataset <repo> --tokenizer <repo>")
         return 0 if report["passes"] else 1

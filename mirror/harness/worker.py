@@ -1,0 +1,248 @@
+"""One measured pass, in a fresh interpreter (``python -m mirror.harness --worker CONFIG``): it loads the data
+as a training job does and reports events on stdout, each line prefixed with ``EVENT_PREFIX``."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mirror.harness.protocol import EVENT_PREFIX, EXIT_USER_ERROR, MISSING_COLUMN, HarnessError
+
+
+def _emit(event: dict[str, Any]) -> None:
+    sys.stdout.write(EVENT_PREFIX + json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def _install_socket_counter() -> Any:
+    """Count every byte received on a socket by this process and its (forked) DataLoader workers."""
+    import multiprocessing
+    import socket
+    import ssl
+
+    counter = multiprocessing.Value("Q", 0)
+
+    def add(n: int) -> None:
+        with counter.get_lock():
+            counter.value += n
+
+    def wrap(cls: type, name: str, size_of: Callable[[Any, tuple[Any, ...]], int]) -> None:
+        original = getattr(cls, name)
+
+        def patched(self: Any, *a: Any, **kw: Any) -> Any:
+            out = original(self, *a, **kw)
+            add(size_of(out, a))
+            return out
+
+        setattr(cls, name, patched)
+
+    def of_bytes(out: Any, _: tuple[Any, ...]) -> int:
+        return len(out) if isinstance(out, bytes | bytearray) else 0
+
+    def of_count(out: Any, _: tuple[Any, ...]) -> int:
+        return out if isinstance(out, int) else 0
+
+    wrap(socket.socket, "recv", of_bytes)
+    wrap(socket.socket, "recv_into", of_count)
+    # TLS: the SSLSocket methods read through the C TLS object, not socket.socket.recv*, so count them as well
+    wrap(ssl.SSLSocket, "recv", of_bytes)
+    wrap(ssl.SSLSocket, "recv_into", of_count)
+    return counter
+
+
+def _rchar() -> int | None:
+    try:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class Collate:
+    """The ``collate_fn``: tokenize a list of rows; tensors when torch is there, numpy otherwise."""
+
+    def __init__(self, tokenizer: Any, column: str, max_length: int, tensors: str) -> None:
+        self.tokenizer, self.column, self.max_length, self.tensors = tokenizer, column, max_length, tensors
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        if rows and self.column not in rows[0]:
+            raise KeyError(f"{MISSING_COLUMN}: column {self.column!r} not in the dataset; columns: "
+                           f"{sorted(rows[0])}")
+        enc = self.tokenizer([r[self.column] for r in rows], padding="longest", truncation=True,
+                             max_length=self.max_length, return_tensors=self.tensors)
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+
+def _classify(exc: BaseException) -> tuple[str, str]:
+    if isinstance(exc, HarnessError):
+        return exc.kind, exc.message
+    text = f"{type(exc).__name__}: {exc}"
+    name = type(exc).__name__
+    if MISSING_COLUMN in text:
+        line = next((ln for ln in text.splitlines() if MISSING_COLUMN in ln), text)
+        return "missing_column", line.split(MISSING_COLUMN + ": ", 1)[-1].strip("'\"")
+    if name in ("DatasetNotFoundError", "DataFilesNotFoundError", "EmptyDatasetError"):
+        return "unknown_dataset", text
+    if name in ("RepositoryNotFoundError", "GatedRepoError"):
+        return "unknown_repo", text
+    if "is not a valid model identifier" in text or "Can't load tokenizer" in text:
+        return "unknown_tokenizer", text
+    if name in ("ConnectError", "ConnectTimeout", "ConnectionError") or "Connection refused" in text:
+        return "unreachable_endpoint", text
+    if isinstance(exc, ValueError) and ("Bad split" in text or "Unknown split" in text or "config" in text.lower()):
+        return "bad_split_or_config", text
+    return "pass_failed", text
+
+
+def worker_main(cfg: dict[str, Any]) -> int:
+    counter = _install_socket_counter()
+    try:
+        result = _measure(cfg, counter)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
+        import traceback
+
+        kind, message = _classify(exc)
+        traceback.print_exc()
+        _emit({"event": "error", "kind": kind, "message": message})
+        return EXIT_USER_ERROR if kind != "pass_failed" else 1
+    _emit(result)
+    return 0
+
+
+def _measure(cfg: dict[str, Any], counter: Any) -> dict[str, Any]:
+    t_imports = time.perf_counter()
+    import datasets
+    from transformers import AutoTokenizer
+
+    try:
+        import torch
+        from torch.utils.data import DataLoader
+    except ImportError:
+        torch = None  # type: ignore[assignment]
+    import_s = time.perf_counter() - t_imports
+    _emit({"event": "ready", "import_s": import_s})
+    if sys.stdin.readline().strip() != "go":
+        raise SystemExit(0)
+
+    device, device_note = "cpu", "torch absent" if torch is None else ""
+    if torch is not None:
+        has_cuda = torch.cuda.is_available()
+        if cfg["device"] == "cuda" and not has_cuda:
+            raise HarnessError("no_cuda", "--device cuda asked, but torch sees no CUDA device")
+        if cfg["device"] != "cpu" and has_cuda:
+            device, device_note = "cuda", torch.cuda.get_device_name(0)
+        else:
+            device_note = "asked for cpu" if cfg["device"] == "cpu" else "no CUDA device found"
+    cuda = device == "cuda"
+
+    rchar0 = _rchar()
+    bytes0 = counter.value
+    t0 = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(cfg["tokenizer"])
+    tokenizer_s = time.perf_counter() - t0
+    source = cfg["local_dir"] or cfg["dataset"]
+    ds = datasets.load_dataset(source, cfg["config"], split=cfg["split"], streaming=True)
+    features = getattr(ds, "features", None)
+    if features is not None and cfg["text_column"] not in features:
+        raise HarnessError("missing_column", f"column {cfg['text_column']!r} not in the dataset; "
+                                             f"columns: {sorted(features)}")
+    if cfg["shuffle_buffer"]:
+        ds = ds.shuffle(seed=0, buffer_size=cfg["shuffle_buffer"])
+    if cfg["max_rows"]:
+        ds = ds.take(cfg["max_rows"])
+    collate = Collate(tokenizer, cfg["text_column"], cfg["max_length"], "pt" if torch is not None else "np")
+
+    if torch is not None:
+        loader = DataLoader(ds, batch_size=cfg["batch_size"], collate_fn=collate, num_workers=cfg["num_workers"],
+                            pin_memory=cuda)
+        batches: Any = iter(loader)
+    else:
+        batches = (collate([dict(zip(b, vals, strict=True)) for vals in zip(*b.values(), strict=True)])
+                   for b in ds.iter(batch_size=cfg["batch_size"]))
+
+    rows = tokens = h2d_bytes = 0
+    wait_s = h2d_s = 0.0
+    ttfb_s: float | None = None
+    t_first: float | None = None
+    first_rows = 0
+    stopped_early = False
+    last_emit = 0.0
+    loop_start = time.perf_counter()
+    while True:
+        tw = time.perf_counter()
+        try:
+            batch = next(batches)
+        except StopIteration:
+            break
+        wait_s += time.perf_counter() - tw
+        n = int(batch["input_ids"].shape[0])
+        if torch is not None:
+            th = time.perf_counter()
+            moved = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            if cuda:
+                torch.cuda.synchronize()
+                h2d_s += time.perf_counter() - th
+                h2d_bytes += sum(v.numel() * v.element_size() for v in moved.values())
+        tokens += int(batch["attention_mask"].sum())
+        rows += n
+        now = time.perf_counter()
+        if ttfb_s is None:
+            ttfb_s, t_first, first_rows = now - t0, now, n
+        if cfg["step_ms"]:
+            time.sleep(cfg["step_ms"] / 1000)
+            now = time.perf_counter()
+        if now - last_emit > 0.2:
+            _emit({"event": "progress", "t": now - t0, "rows": rows, "bytes": counter.value - bytes0})
+            last_emit = now
+        if cfg["max_seconds"] and now - t0 > cfg["max_seconds"]:
+            stopped_early = True
+            break
+    end = time.perf_counter()
+    del batches  # shuts down DataLoader workers, if any
+    _emit({"event": "progress", "t": end - t0, "rows": rows, "bytes": counter.value - bytes0})
+    total_s = end - t0
+    loop_s = end - loop_start
+    socket_bytes = counter.value - bytes0
+    rchar1 = _rchar()
+    if cfg["local_dir"]:
+        # local files are read with read(), not sockets: /proc/self/io rchar (main process only)
+        read_bytes = (rchar1 - rchar0) if rchar0 is not None and rchar1 is not None and not cfg["num_workers"] \
+            else None
+        read_method = "proc_rchar" if read_bytes is not None else "unavailable"
+    else:
+        read_bytes, read_method = socket_bytes, "socket_recv"
+    steady_s = end - t_first if t_first is not None else 0.0
+    return {
+        "event": "result", "rows": rows, "tokens": tokens, "batches": math.ceil(rows / cfg["batch_size"]),
+        "stopped_early": stopped_early, "import_s": import_s, "tokenizer_load_s": tokenizer_s,
+        "ttfb_s": ttfb_s, "total_s": total_s,
+        "rows_per_s": rows / total_s if total_s > 0 else None,
+        "steady_rows_per_s": (rows - first_rows) / steady_s if steady_s > 0 and rows > first_rows else None,
+        "tokens_per_s": tokens / total_s if total_s > 0 else None,
+        "read_bytes": read_bytes, "read_method": read_method, "socket_bytes": socket_bytes,
+        "read_mb_per_s": read_bytes / 1e6 / total_s if read_bytes is not None and total_s > 0 else None,
+        "h2d_bytes": h2d_bytes if cuda else None, "h2d_s": h2d_s if cuda else None,
+        "h2d_gb_per_s": h2d_bytes / 1e9 / h2d_s if cuda and h2d_s > 0 else None,
+        "wait_s": wait_s, "loop_s": loop_s, "starvation_ratio": wait_s / loop_s if loop_s > 0 else None,
+        "device": device, "device_note": device_note, "torch": getattr(torch, "__version__", None),
+        "datasets": datasets.__version__, "pinned_memory": cuda,
+    }
+
+
+def worker_entry(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "--worker":
+        print("internal entry point of hf-mirror bench; use `hf-mirror bench`", file=sys.stderr)
+        return 2
+    rc = worker_main(json.loads(argv[1]))
+    # the figures are out: skip the interpreter's teardown of torch/datasets/transformers (seconds on a small box)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
