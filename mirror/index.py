@@ -5,6 +5,7 @@ Keys and what they mean:
     ("ref", type, repo, revision)          -> RefEntry        branch/tag -> commit, re-checked after the TTL
     ("file", type, repo, commit, path)     -> FileEntry       immutable: a path at a commit (or its absence)
     ("api", type, repo, rev, route, query) -> ApiEntry        cached API JSON; immutable when rev is a commit sha
+                                                              (route: api_route_key, query: api_query_key)
     ("public", type, repo)                 -> bool            whether an anonymous caller may read the repo
     ("access", subject, kind, repo key)    -> (bool, time)    a token's (or "public") access, see mirror.access
     ("pin", type, repo)                    -> manifest name   repos that eviction must keep
@@ -12,19 +13,24 @@ Keys and what they mean:
 diskcache's defaults (1 GiB size limit, least-recently-stored eviction) would silently drop entries: the index is
 opened with ``eviction_policy="none"`` and no size limit; blobs are evicted by ``mirror.gc``, never by diskcache.
 Immutable file entries are also kept in a small in-process LRU, since the warm HEAD path reads them on every request.
+
+Every key is built in this module, blob names (:func:`blob_key`) included; the index lives in :func:`index_dir`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import diskcache
 
+from mirror import hf
 from mirror.hf import RepoRef
 
 
@@ -63,6 +69,37 @@ _SEP = "\x1f"  # string keys: diskcache stores str natively, tuples are pickled 
 
 def _key(*parts: str | None) -> str:
     return _SEP.join("" if part is None else part for part in parts)
+
+
+def index_dir(cache_dir: Path) -> Path:
+    """Where the index of the cache under ``cache_dir`` lives."""
+    return cache_dir / "index"
+
+
+def blob_key(etag: str) -> str:
+    """Blob names are the etag when it is a hex digest (always, for the Hub); otherwise a digest of it."""
+    if hf.SHA1_RE.match(etag) or hf.SHA256_RE.match(etag):
+        return etag
+    return "x" + hashlib.sha256(etag.encode()).hexdigest()
+
+
+def api_route_key(route: str, path: str) -> str:
+    """The route part of an API entry's key: the route and the path under it (``tree:sub/dir``, ``info:``)."""
+    return f"{route}:{path}"
+
+
+def api_query_key(query: list[tuple[str, str]], form: list[tuple[str, str]] | None) -> str:
+    """One key for equivalent queries: sorted, booleans lower-cased (``True`` from old clients), the cursor last,
+    then a POST's form."""
+    items = [(k, v.lower() if v in ("True", "False") else v) for k, v in query if k != "cursor"]
+    cursor = [v for k, v in query if k == "cursor"]
+    items.sort()
+    key = urlencode(items)
+    if cursor:
+        key += "&cursor=" + cursor[0]
+    if form is not None:
+        key += "|" + urlencode(sorted((k, v.lower() if v in ("True", "False") else v) for k, v in form))
+    return key
 
 
 class _Lru:

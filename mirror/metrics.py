@@ -1,11 +1,24 @@
-"""Prometheus collectors, one registry per app (so tests can build many apps). Label sets are bounded:
-routes and outcomes are small enums, never repo names or paths."""
+"""Prometheus collectors, one registry per app (so tests can build many apps), and the requests' outcomes. Label
+sets are bounded: routes and outcomes are small enums, never repo names or paths."""
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-OUTCOMES = ("hit", "miss", "stale", "error", "passthrough")
+
+class Outcome(StrEnum):
+    """What became of a request, decided once by the service: the ``X-Mirror-Cache`` header, the ``outcome`` label
+    of ``hf_mirror_requests`` and the access log all say it in these words."""
+
+    HIT = "hit"  # served from the cache (a stale answer says STALE)
+    MISS = "miss"  # fetched from upstream (and stored, or being stored)
+    STALE = "stale"  # upstream failed: the last good answer, labelled
+    PASSTHROUGH = "passthrough"  # relayed from upstream, not stored
+    ERROR = "error"  # a Hub-shaped error answer
+    ABORTED = "aborted"  # the answer began and was cut (access log only: counted under its outcome already)
+    PEER = "peer"  # a fill in progress streamed to another node (access log only)
 
 
 class Metrics:

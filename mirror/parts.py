@@ -15,7 +15,7 @@ from mirror.access import AccessPolicy
 from mirror.config import Settings
 from mirror.fill import FillManager
 from mirror.gc import CacheManager
-from mirror.index import MetadataIndex
+from mirror.index import MetadataIndex, index_dir
 from mirror.metrics import Metrics
 from mirror.service import MirrorService
 from mirror.storage import open_store
@@ -74,7 +74,7 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     metrics = metrics if metrics is not None else Metrics()
     settings.cache_dir.mkdir(parents=True, exist_ok=True)
     store = open_store(settings)
-    index = MetadataIndex(settings.cache_dir / "index")
+    index = MetadataIndex(index_dir(settings.cache_dir))
     upstream = UpstreamClient(settings, metrics)
     fills = fill_manager(
         store, upstream, metrics, chunk_size=settings.fill_chunk_size, lease_ttl=settings.lease_stale_seconds,
