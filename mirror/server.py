@@ -6,39 +6,192 @@ settings keep one home even across the process boundary.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import os
 import resource
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import httptools
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.server import ServerState
 
 from mirror.app import MirrorApp, create_app
 from mirror.config import Settings
+from mirror.errors import BadRequest, HeadersTooLarge, MirrorError
 from mirror.logs import setup_logging
+from mirror.routes.common import error_parts
 
 _SETTINGS_ENV = "HF_MIRROR__SETTINGS"
 _WANTED_OPEN_FILES = 1 << 16  # each client of a fill holds a socket and a file: 1,024 would cap us near 500
+# Bounds on a client's request head (Settings.max_header_bytes / header_timeout) and on a silent keep-alive
+# connection between requests (uvicorn's own timer).
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+DEFAULT_HEADER_TIMEOUT = 10.0
+KEEP_ALIVE_TIMEOUT = 5
+_SLICE = 64 * 1024  # most bytes fed to the parser at once
 
 log = logging.getLogger("hf_mirror")
 
 
-class HttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, with keep-alive for HTTP/1.0 clients that ask for it, as nginx grants it.
+class _RequestTimeout(MirrorError):
+    status = 408
+    code = "RequestTimeout"
 
-    uvicorn closes every HTTP/1.0 connection after one response; load tools such as ``ab`` speak 1.0 with
-    ``Connection: keep-alive`` and would otherwise measure TCP handshakes instead of the mirror.
+
+class HttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with bounds on what a client can make it hold, and keep-alive for HTTP/1.0.
+
+    * ``max_header_bytes``: uvicorn and httptools accumulate the URL and every header without limit (a 160 MiB
+      header was buffered whole before the app could refuse it). Here the bytes a request head takes are counted
+      as they arrive, and fed to the parser in slices that never take the count past the cap: over it, the client
+      gets a Hub-shaped 431 and the connection is closed, before the excess is read. Trailers of a chunked body
+      (headers too) and chunk framing count against the same cap between two pieces of body.
+    * ``header_timeout``: from the connection's start, and on keep-alive from the first bytes of the next request,
+      a client has this long to complete its request line and headers (one byte every few seconds used to keep a
+      connection forever). A silent connection between two requests is uvicorn's keep-alive timeout's to close
+      (it starts when the response is handed to the kernel, while a slow client may still be reading it). A
+      response being sent and a body being uploaded after complete headers are never cut by either.
+    * HTTP/1.0 keep-alive: uvicorn closes every HTTP/1.0 connection after one response; load tools such as ``ab``
+      speak 1.0 with ``Connection: keep-alive`` and would otherwise measure TCP handshakes instead of the mirror.
+
+    uvicorn builds the protocol with ``(config, server_state, app_state, _loop)``; :func:`protocol_factory` binds the
+    limits with ``functools.partial`` (picklable, so it also reaches the ``--workers`` processes).
     """
 
+    def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None, *, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+                 header_timeout: float = DEFAULT_HEADER_TIMEOUT) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.max_header_bytes = max(int(max_header_bytes), 1024)
+        self.header_timeout = float(header_timeout)
+        self._unparsed = 0  # bytes fed since the last piece of body or the last complete request: head, framing
+        self._head_complete = False  # the current request's line and headers are parsed
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    # Connection life.
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        view = memoryview(data)
+        while view:
+            # A slice never holds more than the room left under the cap (plus one byte, to see it crossed), nor
+            # more than _SLICE: whatever the parser is given, it buffers at most the cap and one slice.
+            size = min(len(view), _SLICE, max(self.max_header_bytes + 1 - self._unparsed, 1))
+            piece, view = view[:size], view[size:]
+            self._unparsed += size
+            try:
+                self.parser.feed_data(piece)
+            except httptools.HttpParserError:
+                msg = "Invalid HTTP request received."
+                self.logger.warning(msg)
+                self.send_400_response(msg)
+                return
+            except httptools.HttpParserUpgrade:
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                else:
+                    self._unsupported_upgrade_warning()
+                return
+            if self.transport.is_closing():
+                return
+            if self._unparsed > self.max_header_bytes:
+                self._refuse_oversized()
+                return
+        if self._header_timer is None and self._idle():  # a head has begun: it is due within header_timeout
+            self._arm_header_timer()
+
+    # Parser callbacks.
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_complete = False
+
     def on_headers_complete(self) -> None:
+        self._head_complete = True
+        self._cancel_header_timer()
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and self.scope.get("http_version") == "1.0" and self.parser.should_keep_alive():
             cycle.keep_alive = True
             cycle.default_headers = [*cycle.default_headers, (b"connection", b"keep-alive")]
+
+    def on_body(self, body: bytes) -> None:
+        self._unparsed = 0
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._unparsed = 0
+        self._head_complete = False
+        super().on_message_complete()
+
+    # Bounds.
+    def _arm_header_timer(self) -> None:
+        self._cancel_header_timer()
+        if self.header_timeout > 0:
+            self._header_timer = self.loop.call_later(self.header_timeout, self._header_timeout_expired)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _idle(self) -> bool:
+        """No request is being answered or waiting to be: the connection only waits for a head."""
+        return (self.cycle is None or self.cycle.response_complete) and not self.pipeline
+
+    def _header_timeout_expired(self) -> None:
+        self._header_timer = None
+        if self.transport is None or self.transport.is_closing() or not self._idle():
+            return
+        if self._unparsed and not self._head_complete:  # a head was begun: say why it is cut
+            self._send_error(_RequestTimeout(f"request line and headers not received within {self.header_timeout:g}s"))
+        else:
+            self.transport.close()
+
+    def _refuse_oversized(self) -> None:
+        if self._head_complete or not self._idle():
+            # Trailers or chunk framing, or a pipelined head behind a response in progress: nothing can be answered.
+            self.transport.close()
+            return
+        self._send_error(HeadersTooLarge(f"request line and headers exceed {self.max_header_bytes} bytes"))
+
+    def send_400_response(self, msg: str) -> None:
+        self._send_error(BadRequest(msg))
+
+    def _send_error(self, exc: MirrorError) -> None:
+        """A Hub-shaped error written straight to the transport, then the connection closed."""
+        self._cancel_header_timer()
+        self._unset_keepalive_if_required()
+        status, headers, body = error_parts(exc)
+        out = [STATUS_LINE[status]]
+        for name, value in [*self.server_state.default_headers, *headers, (b"connection", b"close")]:
+            out += [name, b": ", value, b"\r\n"]
+        out += [b"\r\n", body]
+        self.transport.write(b"".join(out))
+        self.transport.close()
+
+
+def protocol_factory(settings: Settings) -> Callable[..., HttpProtocol]:
+    """The protocol uvicorn builds for each connection, with the settings' bounds bound in (picklable for workers)."""
+    return functools.partial(
+        HttpProtocol,
+        max_header_bytes=getattr(settings, "max_header_bytes", None) or DEFAULT_MAX_HEADER_BYTES,
+        header_timeout=getattr(settings, "header_timeout", None) or DEFAULT_HEADER_TIMEOUT,
+    )
 
 
 def _to_json(settings: Settings) -> str:
@@ -86,7 +239,7 @@ def serve(settings: Settings) -> None:
         timeout_graceful_shutdown=int(settings.shutdown_grace) + 5, h11_max_incomplete_event_size=64 * 1024,
         ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
         ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
-        server_header=False, http=HttpProtocol,
+        server_header=False, http=protocol_factory(settings), timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
     )
     if settings.workers > 1:
         os.environ[_SETTINGS_ENV] = _to_json(settings)
