@@ -359,7 +359,7 @@ async def test_s3_hot_tier_is_bounded_lru(s3_stores: Stores) -> None:
         etags.append(etag)
         old = time.time() - 1000 + i  # commit order = access order
         os.utime(store.blob_path(etag), (old, old))
-    hot = {p.name for p, _, _ in store._scan_hot()}
+    hot = {p.name for p, _, _ in store.hot_tier.scan()}
     assert store.hot_tier_usage()[0] <= 25_000
     assert etags[-1] in hot and etags[0] not in hot
     # Evicted from the hot tier is not gone: the bucket has it, and it comes back (verified) on the next read.
