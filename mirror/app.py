@@ -50,7 +50,7 @@ class Mirror:
         self.access = self.parts.access
         self.cache = self.parts.cache
         self.service = self.parts.service
-        self.resolve = ResolveHandler(self.service, self.fills, self.upstream, metrics,
+        self.resolve = ResolveHandler(self.service, self.fills, metrics,
                                       chunk_size=settings.serve_chunk_size, accel_redirect=settings.accel_redirect)
         self.api = ApiHandler(self.service, metrics, max_paths_info=settings.max_paths_info,
                               max_relay_bytes=settings.max_api_body, body_timeout=settings.header_timeout)

@@ -5,6 +5,11 @@
 - Content is local-first: a cached blob is served without asking upstream (after an access check for repos that
   are not public). Metadata is remote-first once its TTL is over, with a stale fallback when upstream fails.
 - One fill per blob (:mod:`mirror.fill`).
+- The service decides where a file's bytes come from (:class:`Cached`, :class:`Filling` or :class:`Relay`: the route
+  only sends them) and the request's :class:`~mirror.metrics.Outcome`, once.
+
+Policy: no web framework and no HTTP client type here. Upstream answers arrive as :mod:`mirror.upstream` values; index
+keys are built by :mod:`mirror.index`.
 """
 
 from __future__ import annotations
@@ -22,29 +27,57 @@ from mirror.access import AccessPolicy, Caller, offline_refusal
 from mirror.config import Settings
 from mirror.errors import EntryNotFound, HubError, MirrorError, OfflineMiss, UpstreamUnavailable
 from mirror.fill import Fill, FillManager, FillSpec
-from mirror.index import ApiEntry, FileEntry, MetadataIndex
-from mirror.metrics import Metrics
+from mirror.index import ApiEntry, FileEntry, MetadataIndex, api_query_key, api_route_key, blob_key
+from mirror.metrics import Metrics, Outcome
 from mirror.storage.base import BlobStore
 from mirror.upstream import RelayBody, UpstreamClient
 
 log = logging.getLogger("hf_mirror.service")
 
 
+# A Range starting this far past the bytes a fill has written is relayed from upstream instead of waiting for them.
+RANGE_RELAY_GAP = 16 * 1024 * 1024
+
+_HIT, _MISS, _STALE, _PASSTHROUGH = Outcome.HIT, Outcome.MISS, Outcome.STALE, Outcome.PASSTHROUGH
+
+
 @dataclass(frozen=True)
 class ResolvedFile:
     repo: hf.RepoRef
     entry: FileEntry
-    outcome: str  # hit (metadata from the index) | miss (asked upstream) | stale (upstream failed)
+    outcome: Outcome  # HIT (metadata from the index) | MISS (asked upstream) | STALE (upstream failed)
     cdn_url: str | None = None
 
 
 @dataclass(frozen=True)
-class BlobSource:
-    """Where the bytes of a resolved file come from: a committed local file, a fill in progress, or (neither: no
-    room on disk) upstream, relayed without being stored."""
+class Cached:
+    """The blob is a committed file on this disk."""
 
-    path: str | None
-    fill: Fill | None
+    path: str
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Filling:
+    """The blob is being filled: its bytes are read as they are written (:meth:`FillManager.reading`)."""
+
+    fill: Fill
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Relay:
+    """The bytes ``start..end`` come from upstream, relayed without being stored (:meth:`MirrorService.relay_file`):
+    there is no disk room for the blob (a passthrough), or the Range lies far beyond what its fill has (a miss)."""
+
+    resolved: ResolvedFile
+    token: str | None
+    start: int
+    end: int
+    outcome: Outcome
+
+
+BlobSource = Cached | Filling | Relay
 
 
 @dataclass(frozen=True)
@@ -52,7 +85,7 @@ class ApiResult:
     status: int
     headers: tuple[tuple[str, str], ...]
     body: bytes
-    outcome: str
+    outcome: Outcome
 
 
 class MirrorService:
@@ -78,7 +111,7 @@ class MirrorService:
             entry = self.index.get_file(repo, commit, path)
             if entry is not None:
                 await self._check_content_access(repo, revision, path, caller)
-                return self._found(repo, entry, "hit")
+                return self._found(repo, entry, _HIT)
         if self.settings.offline:
             return self._stale_file(target, caller, OfflineMiss(f"{path} is not cached and the mirror is offline"))
         try:
@@ -95,13 +128,13 @@ class MirrorService:
                 self.access.record_public(repo, "content", caller.token, public=False)
             raise
         self._remember_ref(repo, revision, meta.commit)
-        entry = FileEntry(meta.commit, path, _blob_key(meta.etag), meta.size, lfs=bool(hf.SHA256_RE.match(meta.etag)))
+        entry = FileEntry(meta.commit, path, blob_key(meta.etag), meta.size, lfs=bool(hf.SHA256_RE.match(meta.etag)))
         self.index.put_file(repo, entry)
         self.access.record_public(repo, "content", caller.token)
         self.access.record_allowed(repo, "content", caller.token)
-        return ResolvedFile(repo, entry, "miss", meta.cdn_url)
+        return ResolvedFile(repo, entry, _MISS, meta.cdn_url)
 
-    def _found(self, repo: hf.RepoRef, entry: FileEntry, outcome: str) -> ResolvedFile:
+    def _found(self, repo: hf.RepoRef, entry: FileEntry, outcome: Outcome) -> ResolvedFile:
         if entry.missing:
             raise EntryNotFound(entry.commit)  # the Hub's own words: the client appends them to its message
         return ResolvedFile(repo, entry, outcome)
@@ -117,7 +150,7 @@ class MirrorService:
             raise self._unconfirmed(caller)
         self.metrics.stale_served.inc()
         log.warning("serving %s %s stale: %s", target.repo.key, target.path, cause.message)
-        return self._found(target.repo, entry, "stale")
+        return self._found(target.repo, entry, _STALE)
 
     async def _check_content_access(self, repo: hf.RepoRef, revision: str, path: str, caller: Caller) -> None:
         async def probe(token: str | None) -> None:
@@ -139,21 +172,25 @@ class MirrorService:
             return self.settings.upstream_token
         return caller.token
 
-    async def has_blob(self, etag: str) -> bool:
-        """The blob is stored: on this disk (one stat), or else in the shared store (False if it cannot tell)."""
-        if self.store.cached_path(etag) is not None:
-            return True
+    async def head_outcome(self, resolved: ResolvedFile) -> Outcome:
+        """The outcome a HEAD reports: a hit only when the blob is stored, on this disk (one stat) or else in the
+        shared store; a miss when only its metadata is known, or when the shared store is down."""
+        if resolved.outcome is not _HIT or self.store.cached_path(resolved.entry.etag) is not None:
+            return resolved.outcome
         try:
-            return await self.store.stat(etag) is not None
+            stored = await self.store.stat(resolved.entry.etag) is not None
         except MirrorError:  # the shared store is down: a HEAD still answers from the metadata
-            return False
+            stored = False
+        return _HIT if stored else _MISS
 
-    async def open_blob(self, resolved: ResolvedFile, caller: Caller) -> BlobSource:
-        """The blob's file on this disk, or the fill producing it: from upstream, or from a remote store."""
+    async def open_blob(self, resolved: ResolvedFile, caller: Caller, start: int, end: int) -> BlobSource:
+        """Where the bytes ``start..end`` of the file come from: its file on this disk, the fill producing it (from
+        upstream, or from a remote store), or upstream directly (no disk room; a Range far beyond the fill)."""
         entry = resolved.entry
+        stale = resolved.outcome is _STALE
         path = self.store.cached_path(entry.etag)
         if path is not None:
-            return BlobSource(str(path), None)
+            return Cached(str(path), _STALE if stale else _HIT)
         if self.settings.offline and await self.store.stat(entry.etag) is None:
             raise OfflineMiss(f"{entry.path} is not cached and the mirror is offline")
         spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
@@ -163,12 +200,25 @@ class MirrorService:
                 and not await self.make_room(entry.size, self.fills.bytes_to_write)):
             log.warning("no disk room for %s %s (%d bytes): relaying it without storing it", resolved.repo.key,
                         entry.path, entry.size)
-            return BlobSource(None, None)
+            return Relay(resolved, caller.token, start, end, _STALE if stale else _PASSTHROUGH)
         fill = await self.fills.start(spec)
         if fill is None:  # on this disk meanwhile
             path = self.store.cached_path(entry.etag)
-            return BlobSource(str(path) if path else None, None)
-        return BlobSource(None, fill)
+            if path is not None:
+                return Cached(str(path), _STALE if stale else _HIT)
+            return Relay(resolved, caller.token, start, end, _STALE if stale else _PASSTHROUGH)
+        if start > fill.written + RANGE_RELAY_GAP and not self.settings.offline:
+            # A Range far beyond what the fill has: relay it from upstream while the fill goes on.
+            return Relay(resolved, caller.token, start, end, _STALE if stale else _MISS)
+        return Filling(fill, _STALE if stale else _MISS)
+
+    @asynccontextmanager
+    async def relay_file(self, relay: Relay, chunk_size: int) -> AsyncIterator[AsyncIterator[bytes]]:
+        """The relayed bytes of ``relay``, as they arrive from upstream (never stored)."""
+        entry = relay.resolved.entry
+        async with self.upstream.stream_file(relay.resolved.repo, entry.commit, entry.path, relay.token,
+                                             relay.start, relay.end, chunk_size) as body:
+            yield body.chunks
 
     # --- revisions -------------------------------------------------------------------------------------------------
 
@@ -201,17 +251,18 @@ class MirrorService:
         if route not in hf.API_CACHED_ROUTES:
             raise HubError(404, "EntryNotFound", "Xet is not served by this mirror; clients download over HTTP")
         query = [(k, v) for k, v in query if k in hf.API_QUERY_PARAMS.get(route, ())]
-        key_query = _normalise_query(query, form)
+        key_query = api_query_key(query, form)
+        key_route = api_route_key(route, target.path)
         key_rev = revision
         commit = self._known_commit(target.repo, revision, fresh=True) if revision else None
         immutable = bool(revision and hf.is_commit(revision))
-        cached = self.index.get_api(target.repo, key_rev, f"{route}:{target.path}", key_query)
+        cached = self.index.get_api(target.repo, key_rev, key_route, key_query)
         fresh = cached is not None and (
             cached.immutable or time.time() - cached.fetched_at < self.settings.revision_ttl
         )
         if cached is not None and (fresh or self.settings.offline):
             await self._check_meta_access(target, caller, cached)
-            return ApiResult(cached.status, cached.headers, cached.body, "hit")
+            return ApiResult(cached.status, cached.headers, cached.body, _HIT)
         if self.settings.offline:
             raise OfflineMiss(f"{raw_path} is not cached and the mirror is offline")
         upstream_path = raw_path + (f"?{urlencode(query)}" if query else "")
@@ -234,7 +285,7 @@ class MirrorService:
                 body = json.dumps({"error": error.message}).encode()
                 entry = ApiEntry(404, headers + (("x-error-message", error.message),), body, time.time(),
                                  immutable=True)
-                self.index.put_api(target.repo, key_rev, f"{route}:{target.path}", key_query, entry)
+                self.index.put_api(target.repo, key_rev, key_route, key_query, entry)
             elif response.status_code in (401, 403, 404):
                 self.access.record_public(target.repo, "meta", caller.token, public=False)
             raise error
@@ -246,10 +297,10 @@ class MirrorService:
         if link:
             headers += (("link", link),)  # rewritten per request (the mirror's own address), see routes.api
         entry = ApiEntry(response.status_code, headers, body, time.time(), immutable=immutable)
-        self.index.put_api(target.repo, key_rev, f"{route}:{target.path}", key_query, entry)
+        self.index.put_api(target.repo, key_rev, key_route, key_query, entry)
         self.access.record_public(target.repo, "meta", caller.token)
         self.access.record_allowed(target.repo, "meta", caller.token)
-        return ApiResult(entry.status, entry.headers, entry.body, "miss")
+        return ApiResult(entry.status, entry.headers, entry.body, _MISS)
 
     async def _stale_api(self, target: hf.ApiTarget, caller: Caller, cached: ApiEntry | None,
                          cause: MirrorError) -> ApiResult:
@@ -259,7 +310,7 @@ class MirrorService:
             raise self._unconfirmed(caller)
         self.metrics.stale_served.inc()
         log.warning("serving API %s %s stale: %s", target.repo.key, target.sub or "info", cause.message)
-        return ApiResult(cached.status, cached.headers, cached.body, "stale")
+        return ApiResult(cached.status, cached.headers, cached.body, _STALE)
 
     async def _check_meta_access(self, target: hf.ApiTarget, caller: Caller, cached: ApiEntry) -> None:
         async def probe(token: str | None) -> None:
@@ -283,26 +334,9 @@ class MirrorService:
             yield body
 
 
-def _blob_key(etag: str) -> str:
-    """Blob names are the etag when it is a hex digest (always, for the Hub); otherwise a digest of it."""
-    if hf.SHA1_RE.match(etag) or hf.SHA256_RE.match(etag):
-        return etag
-    import hashlib
-
-    return "x" + hashlib.sha256(etag.encode()).hexdigest()
-
-
-def _normalise_query(query: list[tuple[str, str]], form: list[tuple[str, str]] | None) -> str:
-    """One cache key for equivalent queries: sorted, booleans lower-cased (``True`` from old clients)."""
-    items = [(k, v.lower() if v in ("True", "False") else v) for k, v in query if k != "cursor"]
-    cursor = [v for k, v in query if k == "cursor"]
-    items.sort()
-    key = urlencode(items)
-    if cursor:
-        key += "&cursor=" + cursor[0]
-    if form is not None:
-        key += "|" + urlencode(sorted((k, v.lower() if v in ("True", "False") else v) for k, v in form))
-    return key
+# Old names, for the modules that still import them from here (mirror.sync, mirror.cache_io): use mirror.index's.
+_blob_key = blob_key
+_normalise_query = api_query_key
 
 
 def _rewrite_json(body: bytes, route: str, target: hf.ApiTarget, revision: str | None, commit: str | None,

@@ -18,9 +18,9 @@ import re
 from mirror import hf
 from mirror.errors import EntryNotFound, MethodNotAllowed, MirrorError
 from mirror.fill import Fill, FillManager, FillSpec
-from mirror.metrics import Metrics
+from mirror.metrics import Metrics, Outcome
 from mirror.routes.common import Receive, Scope, Send, header, parse_range, query_pairs, send_error
-from mirror.routes.resolve import send_fill_range, watch_disconnect
+from mirror.routes.sendfile import send_fill_range, watch_disconnect
 
 log = logging.getLogger("hf_mirror.peer")
 
@@ -34,7 +34,7 @@ class PeerFillHandler:
         self.metrics = metrics
         self.chunk_size = chunk_size
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send, etag: str) -> str:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, etag: str) -> Outcome:
         fill = self.fills.get(etag)
         token = header(scope, _TOKEN_HEADER)
         try:
@@ -50,7 +50,7 @@ class PeerFillHandler:
             byte_range = parse_range(header(scope, b"range"), size)
         except MirrorError as exc:
             await send_error(send, exc)
-            return "error"
+            return Outcome.ERROR
         start, end = byte_range or (0, size - 1)
         headers = [(b"content-type", b"application/octet-stream"), (b"etag", f'"{etag}"'.encode()),
                    (b"content-length", str(end - start + 1).encode())]
@@ -59,7 +59,7 @@ class PeerFillHandler:
         await send({"type": "http.response.start", "status": 206 if byte_range else 200, "headers": headers})
         if size == 0:
             await send({"type": "http.response.body", "body": b""})
-            return "peer"
+            return Outcome.PEER
         disconnected = asyncio.Event()
         watcher = asyncio.create_task(watch_disconnect(receive, disconnected))
         try:
@@ -68,10 +68,10 @@ class PeerFillHandler:
             self.metrics.bytes_served.labels(source="peer").inc(sent)
         except Exception as exc:  # noqa: BLE001 - cut the connection: the peer resumes or falls back
             log.info("peer stream of %s ended early: %s", etag, exc)
-            return "aborted"
+            return Outcome.ABORTED
         finally:
             watcher.cancel()
-        return "peer"
+        return Outcome.PEER
 
     async def _join(self, scope: Scope, etag: str, token: str) -> Fill | None:
         """No fill of ``etag`` in this worker: follow the one a sibling worker leads, as the query describes it."""

@@ -12,25 +12,25 @@ import functools
 import logging
 from urllib.parse import quote
 
+from prometheus_client import Counter
+
 from mirror import hf
 from mirror.access import Caller
 from mirror.errors import MirrorError
-from mirror.fill import Fill, FillManager
-from mirror.index import FileEntry
-from mirror.metrics import Metrics
+from mirror.fill import FillManager
+from mirror.metrics import Metrics, Outcome
 from mirror.routes.common import Receive, Scope, Send, header, parse_range, send_error
-from mirror.routes.sendfile import send_fd_range, send_file_range
-from mirror.service import MirrorService, ResolvedFile
-from mirror.upstream import UpstreamClient
+from mirror.routes.sendfile import send_file_range, send_fill_range, watch_disconnect
+from mirror.service import Cached, FileEntry, Filling, MirrorService, Relay, ResolvedFile
 
 log = logging.getLogger("hf_mirror.resolve")
 
-# A Range starting this far past the bytes a fill has written is fetched from upstream directly instead of waiting.
-_RANGE_PASSTHROUGH_GAP = 16 * 1024 * 1024
+_STALE = Outcome.STALE
+_CACHE_HEADER = hf.H_MIRROR_CACHE.lower().encode()
 
 
 @functools.lru_cache(maxsize=8192)  # entries are immutable values: precompute the headers of hot files
-def _entry_headers(entry: FileEntry, outcome: str) -> tuple[tuple[bytes, bytes], ...]:
+def _entry_headers(entry: FileEntry, outcome: Outcome) -> tuple[tuple[bytes, bytes], ...]:
     name = entry.path.rsplit("/", 1)[-1]
     headers = [
         (b"x-repo-commit", entry.commit.encode()),
@@ -39,32 +39,34 @@ def _entry_headers(entry: FileEntry, outcome: str) -> tuple[tuple[bytes, bytes],
         (b"content-type", b"application/octet-stream"),
         (b"content-disposition",
          f"inline; filename*=UTF-8''{quote(name)}; filename=\"{quote(name, safe=' ')}\"".encode("latin-1")),
-        (hf.H_MIRROR_CACHE.lower().encode(), outcome.encode()),
+        (_CACHE_HEADER, outcome.encode()),
     ]
     if entry.lfs:
         headers += [(b"x-linked-etag", f'"{entry.etag}"'.encode()), (b"x-linked-size", str(entry.size).encode())]
-    if outcome == "stale":
+    if outcome is _STALE:
         headers.append((b"warning", b'110 - "Response is stale"'))
     return tuple(headers)
 
 
-def file_headers(resolved: ResolvedFile, outcome: str | None = None) -> list[tuple[bytes, bytes]]:
+def file_headers(resolved: ResolvedFile, outcome: Outcome | None = None) -> list[tuple[bytes, bytes]]:
     """The Hub's headers for a file (commit, etag, linked size/etag, disposition) plus the mirror's cache outcome."""
     return list(_entry_headers(resolved.entry, outcome or resolved.outcome))
 
 
 class ResolveHandler:
-    def __init__(self, service: MirrorService, fills: FillManager, upstream: UpstreamClient, metrics: Metrics,
+    """Sends what the service decided: a cached file, a fill in progress, or bytes it relays from upstream."""
+
+    def __init__(self, service: MirrorService, fills: FillManager, metrics: Metrics,
                  *, chunk_size: int, accel_redirect: str | None) -> None:
         self.service = service
         self.fills = fills
-        self.upstream = upstream
         self.metrics = metrics
         self.chunk_size = chunk_size
         self.accel_redirect = accel_redirect
+        self._counted: dict[Outcome, Counter] = {}  # the labelled counters, made on first use (as labels() would)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, target: hf.ResolveTarget,
-                       caller: Caller) -> str:
+                       caller: Caller) -> Outcome:
         """Serve the request; returns the outcome for the access log."""
         method = scope["method"]
         head = method == "HEAD"
@@ -81,27 +83,22 @@ class ResolveHandler:
                 range_headers.append((b"content-range", f"bytes {start}-{end}/{entry.size}".encode()))
             length = end - start + 1
             if head:
-                outcome = resolved.outcome
-                if outcome == "hit" and not await self.service.has_blob(entry.etag):
-                    outcome = "miss"  # the metadata is known, the bytes would have to be fetched
+                outcome = await self.service.head_outcome(resolved)
                 headers = (file_headers(resolved, outcome) + range_headers
                            + [(b"content-length", str(length).encode())])
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": b""})
-                self.metrics.requests.labels(route="resolve", outcome=outcome).inc()
+                self._count(outcome)
                 return outcome
-            source = await self.service.open_blob(resolved, caller)
+            source = await self.service.open_blob(resolved, caller, start, end)
         except MirrorError as exc:
-            self.metrics.requests.labels(route="resolve", outcome="error").inc()
+            self._count(Outcome.ERROR)
             await send_error(send, exc, head=head)
-            return "error"
-        if resolved.outcome == "stale":
-            outcome = "stale"
-        else:
-            outcome = "hit" if source.path else ("miss" if source.fill else "passthrough")
-        self.metrics.requests.labels(route="resolve", outcome=outcome).inc()
+            return Outcome.ERROR
+        outcome = source.outcome
+        self._count(outcome)
         headers = file_headers(resolved, outcome)
-        if source.path and self.accel_redirect:
+        if self.accel_redirect and type(source) is Cached:
             # nginx serves the bytes (sendfile, Range); the app keeps every decision.
             location = f"{self.accel_redirect.rstrip('/')}/{entry.etag[:2]}/{entry.etag}"
             headers.append((b"x-accel-redirect", location.encode()))
@@ -116,63 +113,46 @@ class ResolveHandler:
         disconnected = asyncio.Event()
         watcher = asyncio.create_task(watch_disconnect(receive, disconnected))
         try:
-            if source.path:
+            if type(source) is Cached:
                 sent = await send_file_range(send, source.path, start, length, self.chunk_size, disconnected,
                                              raw_send=scope.get("hf_mirror.raw_send"))
                 self.metrics.bytes_served.labels(source="cache").inc(sent)
-            elif source.fill is None:  # no room on disk: relayed, not stored
-                await self._send_upstream_range(send, resolved, caller, start, end, disconnected)
+            elif type(source) is Filling:
+                sent = await send_fill_range(scope, send, self.fills, source.fill, start, length, self.chunk_size,
+                                             disconnected)
+                self.metrics.bytes_served.labels(source="fill").inc(sent)
             else:
-                fill = source.fill
-                if start > fill.written + _RANGE_PASSTHROUGH_GAP and not self.service.settings.offline:
-                    await self._send_upstream_range(send, resolved, caller, start, end, disconnected)
-                else:
-                    sent = await send_fill_range(scope, send, self.fills, fill, start, length, self.chunk_size,
-                                                 disconnected)
-                    self.metrics.bytes_served.labels(source="fill").inc(sent)
+                assert isinstance(source, Relay)
+                await self._send_relay(send, source, disconnected)
         except Exception as exc:  # noqa: BLE001 - headers are gone: the only honest signal left is a cut connection
             # Returning with the body incomplete makes the server close the connection: the client sees a
             # truncated transfer (and resumes with Range), never a short file that looks whole.
             log.warning("aborting response for %s %s: %s", target.repo.key, target.path, exc)
-            return "aborted"
+            return Outcome.ABORTED
         finally:
             watcher.cancel()
         return outcome
 
-    async def _send_upstream_range(self, send: Send, resolved: ResolvedFile, caller: Caller, start: int, end: int,
-                                   disconnected: asyncio.Event) -> None:
-        """A Range far beyond what the fill has: relay it from upstream while the fill goes on."""
-        entry = resolved.entry
-        async with self.upstream.stream_file(resolved.repo, entry.commit, entry.path, caller.token,
-                                             start=start, end=end) as (response, _):
-            remaining = end - start + 1
-            async for data in response.aiter_raw(self.chunk_size):
+    def _count(self, outcome: Outcome) -> None:
+        counter = self._counted.get(outcome)
+        if counter is None:
+            counter = self._counted[outcome] = self.metrics.requests.labels(route="resolve", outcome=outcome)
+        counter.inc()
+
+    async def _send_relay(self, send: Send, relay: Relay, disconnected: asyncio.Event) -> None:
+        """Bytes the service relays from upstream (no disk room, or a Range far beyond the fill)."""
+        counter = self.metrics.bytes_served.labels(source="upstream")
+        async with self.service.relay_file(relay, self.chunk_size) as chunks:
+            remaining = relay.end - relay.start + 1
+            async for data in chunks:
                 if disconnected.is_set():
                     return
                 data = data[:remaining]
                 remaining -= len(data)
                 await send({"type": "http.response.body", "body": data, "more_body": True})
-                self.metrics.bytes_served.labels(source="upstream").inc(len(data))
+                counter.inc(len(data))
                 if remaining <= 0:
                     break
             if remaining > 0:
                 raise MirrorError(f"upstream range ended {remaining} bytes short")
         await send({"type": "http.response.body", "body": b""})
-
-
-async def send_fill_range(scope: Scope, send: Send, fills: FillManager, fill: Fill, start: int, length: int,
-                          chunk_size: int, disconnected: asyncio.Event) -> int:
-    """Send bytes of a fill in progress as they are written (its last byte once verified); returns bytes sent."""
-    async with fills.reading(fill) as fd:
-        return await send_fd_range(send, fd, start, length, chunk_size, disconnected,
-                                   raw_send=scope.get("hf_mirror.raw_send"),
-                                   available=functools.partial(fills.readable, fill))
-
-
-async def watch_disconnect(receive: Receive, event: asyncio.Event) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            event.set()
-            return
-

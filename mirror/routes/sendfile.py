@@ -13,12 +13,14 @@ for more, so followers of a fill cost the process no more than readers of a comm
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import select
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from mirror.routes.common import Send
+from mirror.fill import Fill, FillManager
+from mirror.routes.common import Receive, Scope, Send
 
 _SENDFILE_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="sendfile")
 _SENDFILE_MIN = 256 * 1024  # below this, one pread + write is cheaper than the handoff
@@ -72,6 +74,24 @@ async def send_fd_range(send: Send, fd: int, start: int, length: int, chunk_size
         if sent is not None:
             return sent
     return await _pread_loop(send, fd, start, length, chunk_size, disconnected, available)
+
+
+async def send_fill_range(scope: Scope, send: Send, fills: FillManager, fill: Fill, start: int, length: int,
+                          chunk_size: int, disconnected: asyncio.Event) -> int:
+    """Send bytes of a fill in progress as they are written (its last byte once verified); returns bytes sent."""
+    async with fills.reading(fill) as fd:
+        return await send_fd_range(send, fd, start, length, chunk_size, disconnected,
+                                   raw_send=scope.get("hf_mirror.raw_send"),
+                                   available=functools.partial(fills.readable, fill))
+
+
+async def watch_disconnect(receive: Receive, event: asyncio.Event) -> None:
+    """Set ``event`` when the client hangs up (a body sender stops at the next chunk)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            event.set()
+            return
 
 
 async def _segment_end(position: int, end: int, available: Available | None) -> int:

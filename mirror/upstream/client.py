@@ -1,90 +1,56 @@
-"""Talks to the upstream Hub (or another mirror) and its CDN hosts.
+"""The upstream client: talks to the upstream Hub (or another mirror) and its CDN hosts.
 
 Two transports, one policy. Metadata and small bodies go through one shared ``httpx.AsyncClient`` (connection pool,
-explicit timeouts). The bulk bytes of a fill go through urllib3 in a worker thread (:class:`BulkBody`): it reads
-the socket in large blocks at several GB/s where httpx's per-64-KiB async parsing tops out near 300 MB/s, and the
-event loop stays free for serving. Redirects are followed by hand so
-that the caller's ``Authorization`` goes to the upstream's own origin and never to a CDN host, and so that a
-cross-origin redirect's own headers (``X-Linked-Size``, ``X-Linked-Etag``, ``X-Repo-Commit``) can be read, as the
-Hub puts the metadata of LFS files on its 302. Upstream errors become the exceptions of :mod:`mirror.errors`.
+explicit timeouts). The bulk bytes of a fill go through urllib3 in a worker thread (:mod:`mirror.upstream.bulk`).
+Redirects are followed by hand so that the caller's ``Authorization`` goes to the upstream's own origin and never to
+a CDN host, and so that a cross-origin redirect's own headers (``X-Linked-Size``, ``X-Linked-Etag``,
+``X-Repo-Commit``) can be read, as the Hub puts the metadata of LFS files on its 302. Every answer leaves as a value
+of :mod:`mirror.upstream.values`; upstream errors become the exceptions of :mod:`mirror.errors`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import socket
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from typing import Protocol, TypeVar
 from urllib.parse import urlencode, urljoin, urlsplit
 
-import certifi
 import httpx
 import urllib3
 
 from mirror import hf
 from mirror.config import Settings
-from mirror.errors import (
-    EntryNotFound,
-    HubError,
-    MirrorError,
-    UpstreamTimeout,
-    UpstreamUnavailable,
-    scrub_secrets,
-)
+from mirror.errors import MirrorError, UpstreamTimeout, UpstreamUnavailable, scrub_secrets
 from mirror.metrics import Metrics
+from mirror.upstream.bulk import BulkBody, BulkPools, BulkResponse
+from mirror.upstream.errors import RETRY_STATUSES, hub_error
+from mirror.upstream.values import FileBody, RelayBody, UpstreamAnswer, UpstreamFileMeta, UrlExpired
 
 log = logging.getLogger("hf_mirror.upstream")
 
 _REDIRECTS = (301, 302, 303, 307, 308)
-_RETRY_STATUSES = (429, 500, 502, 503, 504)
 _MAX_HOPS = 10
 _MAX_ERROR_BODY = 64 * 1024  # an error answer is read this far at most (its message is all the mirror needs)
-# Headers of a 429 that tell the client how long to wait (huggingface_hub reads all three).
-_RATE_LIMIT_HEADERS = ("Retry-After", "RateLimit", "RateLimit-Policy")
 
 RepoGuard = Callable[[hf.RepoRef], None]  # raises when the caller may not read a repo an upstream redirect leads to
 
 
-class UrlExpired(MirrorError):
-    """A signed CDN URL was refused (403/410): resolve the file again for a fresh one."""
+class _Answer(Protocol):
+    """What the retry policy reads of an answer, whichever transport brought it."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> httpx.Headers: ...
+
+    async def aclose(self) -> None: ...
 
 
-@dataclass(frozen=True)
-class UpstreamFileMeta:
-    commit: str
-    etag: str
-    size: int
-    cdn_url: str | None  # absolute URL of a cross-origin redirect (the CDN), never shown to clients
-
-
-@dataclass(frozen=True)
-class UpstreamAnswer:
-    """A whole, size-bounded upstream answer (API JSON, errors): the mirror's own value, not a transport object."""
-
-    status_code: int
-    headers: httpx.Headers
-    content: bytes
-    reason_phrase: str = ""
-
-    def json(self) -> object:
-        return json.loads(self.content)
-
-    async def aclose(self) -> None:
-        """Nothing to release: the body is read (retries close every answer alike)."""
-
-
-@dataclass(frozen=True)
-class RelayBody:
-    """An upstream answer relayed as it arrives, never held whole: status, headers and the body's chunks."""
-
-    status_code: int
-    headers: httpx.Headers
-    chunks: AsyncIterator[bytes]
+A = TypeVar("A", bound=_Answer)
 
 
 async def _read_capped(response: httpx.Response, cap: int, what: str) -> UpstreamAnswer:
@@ -115,74 +81,6 @@ def _next_hop(current: str, status: int, location: str | None, follow: str) -> s
     return target
 
 
-def _env_proxy(url: str) -> str | None:
-    """The proxy the environment names for ``url`` (``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY``), as httpx uses."""
-    scheme = urlsplit(url).scheme
-    proxy = urllib.request.getproxies().get(scheme)
-    if proxy and not urllib.request.proxy_bypass(urlsplit(url).hostname or ""):
-        return proxy
-    return None
-
-
-class BulkBody:
-    """A response body read by a worker thread in large blocks, straight from the socket. Blocking methods."""
-
-    def __init__(self, response: urllib3.BaseHTTPResponse) -> None:
-        self._response = response
-        self._done = False
-
-    def read(self, size: int) -> bytes:
-        """Up to ``size`` bytes, waiting for all of them (``b""`` at the end)."""
-        return self._read(self._response.read, size)
-
-    def read_some(self, size: int) -> bytes:
-        """Up to ``size`` bytes of what has arrived, with one socket read: a slow upstream is not waited for."""
-        return self._read(self._response.read1, size)
-
-    def _read(self, method: Callable[..., bytes], size: int) -> bytes:
-        try:
-            data = method(size, decode_content=False)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise UpstreamUnavailable(f"upstream read failed: {type(exc).__name__}: {exc}") from exc
-        if not data:
-            self._done = True
-        return data
-
-    def abort(self) -> None:
-        """Wake a thread blocked in :meth:`read` (safe from any thread)."""
-        sock = getattr(getattr(self._response, "connection", None), "sock", None)
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        if not self._done:
-            self._response.close()  # a half-read connection must never go back to the pool
-        self._response.release_conn()
-
-
-class _BulkStream(httpx.AsyncByteStream):
-    """Lets a bulk response pass for an ``httpx.Response``: errors and checks are then handled in one place."""
-
-    def __init__(self, body: BulkBody) -> None:
-        self.body = body
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        while chunk := await asyncio.to_thread(self.body.read, 64 * 1024):
-            yield chunk
-
-    async def aclose(self) -> None:
-        self.body.close()
-
-
-def bulk_body(response: httpx.Response) -> BulkBody:
-    """The thread-readable body of a response opened by ``stream_file(..., bulk=True)``."""
-    body: BulkBody = response.extensions["hf_mirror_bulk_body"]
-    return body
-
-
 class UpstreamClient:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.base = settings.upstream
@@ -199,18 +97,13 @@ class UpstreamClient:
             follow_redirects=False,
             headers={"user-agent": "hf-mirror/0.1"},
         )
-        self._bulk_options = dict(
-            timeout=urllib3.Timeout(connect=settings.connect_timeout, read=settings.read_timeout),
-            retries=False, maxsize=64, ca_certs=certifi.where(), headers={"user-agent": "hf-mirror/0.1"},
-        )
-        self._bulk_pools: dict[str | None, urllib3.PoolManager] = {}
+        self._bulk = BulkPools(connect_timeout=settings.connect_timeout, read_timeout=settings.read_timeout)
         self.healthy: bool | None = None  # last observed state, for the status page
         self.last_error: str | None = None
 
     async def aclose(self) -> None:
         await self.client.aclose()
-        for pool in self._bulk_pools.values():
-            pool.clear()
+        self._bulk.clear()
 
     def _headers(self, url: str, token: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
         headers = dict(extra or {})
@@ -262,18 +155,14 @@ class UpstreamClient:
         raise UpstreamUnavailable(f"Upstream {self.display} redirected too many times")
 
     def _send_bulk(self, url: str, token: str | None, headers: dict[str, str],
-                   observe: bool = True) -> tuple[httpx.Response, str]:
+                   observe: bool = True) -> BulkResponse:
         """Blocking (run it in a thread): a GET whose body :class:`BulkBody` reads; redirects as in :meth:`_send`.
 
         ``observe``: count the request as upstream traffic (metrics and the status page's health).
         """
         current = url
         for _ in range(_MAX_HOPS):
-            proxy = _env_proxy(current)
-            pool = self._bulk_pools.get(proxy)
-            if pool is None:
-                pool = self._bulk_pools.setdefault(proxy, urllib3.ProxyManager(proxy, **self._bulk_options)
-                                                   if proxy else urllib3.PoolManager(**self._bulk_options))
+            pool = self._bulk.for_url(current)
             started = time.perf_counter()
             try:
                 raw = pool.request("GET", current, headers=self._headers(current, token, headers), redirect=False,
@@ -287,11 +176,7 @@ class UpstreamClient:
                 self._observe(raw.status, started)
             target = _next_hop(current, raw.status, raw.headers.get("location"), "all")
             if target is None:
-                body = BulkBody(raw)
-                response = httpx.Response(raw.status, headers=list(raw.headers.items()), stream=_BulkStream(body),
-                                          request=httpx.Request("GET", current),
-                                          extensions={"hf_mirror_bulk_body": body})
-                return response, current
+                return BulkResponse(raw.status, httpx.Headers(list(raw.headers.items())), BulkBody(raw), current)
             raw.drain_conn()
             raw.release_conn()
             current = target
@@ -319,7 +204,7 @@ class UpstreamClient:
         error.args = (error.message,)
         return error
 
-    async def _with_retries(self, attempt: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+    async def _with_retries(self, attempt: Callable[[], Awaitable[A]]) -> A:
         """Retry 429/5xx with bounded backoff (``Retry-After`` honoured up to ``retry_backoff_max``).
 
         A 429 is tried once more at most, then relayed with its rate-limit headers: the client knows its own budget,
@@ -328,7 +213,7 @@ class UpstreamClient:
         retries = self.settings.upstream_retries
         for number in range(retries + 1):
             response = await attempt()
-            if response.status_code not in _RETRY_STATUSES or number == retries:
+            if response.status_code not in RETRY_STATUSES or number == retries:
                 return response
             if response.status_code == 429 and number >= 1:
                 return response
@@ -374,42 +259,71 @@ class UpstreamClient:
         return UpstreamFileMeta(commit=commit, etag=etag, size=int(size_header), cdn_url=cdn_url)
 
     @asynccontextmanager
-    async def stream_file(
-        self, repo: hf.RepoRef, commit: str, path: str, token: str | None, start: int = 0, end: int | None = None,
-        cdn_url: str | None = None, bulk: bool = False,
-    ) -> AsyncIterator[tuple[httpx.Response, str]]:
-        """Open the bytes ``start..end`` (inclusive) of a file; yields (response, the URL the bytes came from).
-
-        ``bulk``: the body is for a worker thread to read with :func:`bulk_body` (the fill engine's path).
+    async def open_file(self, repo: hf.RepoRef, commit: str, path: str, token: str | None, start: int = 0,
+                        cdn_url: str | None = None) -> AsyncIterator[FileBody]:
+        """Open the bytes of a file from ``start`` for a fill: a body a worker thread reads in large blocks.
 
         With ``cdn_url`` the CDN is asked directly (saving the Hub a request on resume); a refusal there raises
-        :class:`UrlExpired` so the caller re-resolves. The response is 200 or 206, checked to start at ``start``.
+        :class:`UrlExpired` so the caller re-resolves. The answer is checked to be 200, or 206 from ``start``.
         """
-        headers = {"accept-encoding": "identity"}
-        if start or end is not None:
-            headers["range"] = f"bytes={start}-{'' if end is None else end}"
-        url = cdn_url or self.base + repo.resolve_path(commit, path)
+        headers = self._range_headers(start, None)
+        hub_url = self.base + repo.resolve_path(commit, path)
+        url = cdn_url or hub_url
+
+        async def attempt() -> BulkResponse:
+            return await asyncio.to_thread(self._send_bulk, url, token, headers)
+
+        response = await self._with_retries(attempt)
+        try:
+            self._check_signed_url(response.status_code, response.url)
+            if response.status_code >= 400:
+                body = await asyncio.to_thread(response.body.read, _MAX_ERROR_BODY)
+                answer = UpstreamAnswer(response.status_code, response.headers, body, response.reason_phrase)
+                raise self.error(answer, resolve=True)
+            self._check_range(response.status_code, start, path)
+            yield FileBody(response.body, None if response.url == hub_url else response.url)
+        finally:
+            await response.aclose()
+
+    @asynccontextmanager
+    async def stream_file(self, repo: hf.RepoRef, commit: str, path: str, token: str | None, start: int, end: int,
+                          chunk_size: int) -> AsyncIterator[RelayBody]:
+        """Relay the bytes ``start..end`` (inclusive) of a file as they arrive, in chunks of up to ``chunk_size``.
+
+        A transport failure in the middle of the body is raised as :class:`UpstreamUnavailable`.
+        """
+        headers = self._range_headers(start, end)
+        url = self.base + repo.resolve_path(commit, path)
 
         async def attempt() -> httpx.Response:
-            if bulk:
-                response, final = await asyncio.to_thread(self._send_bulk, url, token, headers)
-            else:
-                response, final = await self._send("GET", url, token=token, headers=headers, stream=True)
-            response.extensions["hf_mirror_final_url"] = final
+            response, _ = await self._send("GET", url, token=token, headers=headers, stream=True)
             return response
 
         response = await self._with_retries(attempt)
-        final_url: str = response.extensions.get("hf_mirror_final_url", url)
         try:
-            if response.status_code in (403, 410) and _origin(final_url) != self.origin:
-                raise UrlExpired(f"signed URL refused with {response.status_code}")
+            self._check_signed_url(response.status_code, str(response.request.url))
             if response.status_code >= 400:
                 raise self.error(await _read_error(response), resolve=True)
-            if start and response.status_code != 206:
-                raise UpstreamUnavailable(f"Upstream ignored Range for {path!r} (status {response.status_code})")
-            yield response, final_url
+            self._check_range(response.status_code, start, path)
+            yield RelayBody(response.status_code, response.headers, _chunks(response.aiter_raw(chunk_size)))
         finally:
             await response.aclose()
+
+    @staticmethod
+    def _range_headers(start: int, end: int | None) -> dict[str, str]:
+        headers = {"accept-encoding": "identity"}
+        if start or end is not None:
+            headers["range"] = f"bytes={start}-{'' if end is None else end}"
+        return headers
+
+    def _check_signed_url(self, status: int, final_url: str) -> None:
+        if status in (403, 410) and _origin(final_url) != self.origin:
+            raise UrlExpired(f"signed URL refused with {status}")
+
+    @staticmethod
+    def _check_range(status: int, start: int, path: str) -> None:
+        if start and status != 206:
+            raise UpstreamUnavailable(f"Upstream ignored Range for {path!r} (status {status})")
 
     @asynccontextmanager
     async def stream_peer(self, url: str, token: str, start: int) -> AsyncIterator[BulkBody]:
@@ -417,11 +331,11 @@ class UpstreamClient:
         headers = {"accept-encoding": "identity", hf.H_PEER_TOKEN.lower(): token}
         if start:
             headers["range"] = f"bytes={start}-"
-        response, _ = await asyncio.to_thread(self._send_bulk, url, None, headers, False)
+        response = await asyncio.to_thread(self._send_bulk, url, None, headers, False)
         try:
             if response.status_code != (206 if start else 200):
                 raise UpstreamUnavailable(f"peer {url} answered {response.status_code}")
-            yield bulk_body(response)
+            yield response.body
         finally:
             await response.aclose()
 
@@ -442,7 +356,7 @@ class UpstreamClient:
             finally:
                 await response.aclose()
 
-        return await self._with_retries(attempt)  # type: ignore[arg-type,return-value]
+        return await self._with_retries(attempt)
 
     @asynccontextmanager
     async def relay(self, path_qs: str, token: str | None) -> AsyncIterator[RelayBody]:
@@ -453,7 +367,7 @@ class UpstreamClient:
             response, _ = await self._send("GET", url, token=token, stream=True, follow="same-origin")
             return response
 
-        response = await self._with_retries(attempt)  # type: ignore[arg-type]
+        response = await self._with_retries(attempt)
         try:
             if response.status_code >= 400:
                 raise self.error(await _read_error(response), resolve=False)
@@ -473,34 +387,10 @@ async def _read_error(response: httpx.Response) -> UpstreamAnswer:
                           response.reason_phrase)
 
 
-def hub_error(response: httpx.Response | UpstreamAnswer, *, resolve: bool) -> MirrorError:
-    """Map an upstream error response to a HubError that keeps its status, code, message and commit."""
-    code = response.headers.get(hf.H_ERROR_CODE)
-    message = response.headers.get(hf.H_ERROR_MESSAGE) or _json_error(response) or response.reason_phrase
-    commit = response.headers.get(hf.H_REPO_COMMIT)
-    status = response.status_code
-    if status in _RETRY_STATUSES and status != 429:
-        return UpstreamUnavailable(f"Upstream answered {status}: {message}")
-    if code == "EntryNotFound":
-        return EntryNotFound(commit, message)
-    if code is None:  # The mirror always sends a code (clients need one over http://); infer the Hub's.
-        code = {401: "RepoNotFound", 403: "GatedRepo", 404: "EntryNotFound" if resolve else "RepoNotFound"}.get(
-            status
-        )
-        if code == "EntryNotFound":
-            return EntryNotFound(commit, message)
-    headers = {hf.H_REPO_COMMIT: commit} if commit else {}
-    if status == 429:
-        headers.update({name: response.headers[name] for name in _RATE_LIMIT_HEADERS if name in response.headers})
-    return HubError(status, code, message, headers=headers)
-
-
-def _json_error(response: httpx.Response | UpstreamAnswer) -> str | None:
+async def _chunks(raw: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A body's chunks, a transport failure on the way raised as the mirror's own error."""
     try:
-        body = response.json()
-    except (ValueError, httpx.ResponseNotRead, UnicodeDecodeError):
-        return None
-    error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, list):
-        return "; ".join(map(str, error))
-    return str(error) if error else None
+        async for chunk in raw:
+            yield chunk
+    except httpx.HTTPError as exc:
+        raise UpstreamUnavailable(f"upstream read failed: {type(exc).__name__}: {exc}") from exc

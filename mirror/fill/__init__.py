@@ -1,0 +1,17 @@
+"""The fill engine: one download per blob, streamed to every waiting client while it is hashed and stored.
+
+- :mod:`mirror.fill.state`: :class:`FillSpec` (what to fetch) and :class:`Fill` (how far it got; what readers wait on);
+- :mod:`mirror.fill.manager`: :class:`FillManager`, single flight per blob (a table here, a lease across processes),
+  the fill task, and the readers of a fill in progress;
+- :mod:`mirror.fill.download`: the download from upstream (resume, retry, verify, commit);
+- :mod:`mirror.fill.peer`: following a fill that another process or node leads;
+- :mod:`mirror.fill.copy`: a body into the partial file in a worker thread, hashed beside the reads.
+
+Policy: no web framework and no HTTP client type here; upstream bytes arrive as :mod:`mirror.upstream` values.
+"""
+
+from mirror.fill.manager import FillManager
+from mirror.fill.peer import PEER_ROUTE
+from mirror.fill.state import Fill, FillSpec
+
+__all__ = ["PEER_ROUTE", "Fill", "FillManager", "FillSpec"]

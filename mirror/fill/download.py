@@ -1,0 +1,77 @@
+"""Downloading a blob from upstream into its partial file: resume, retry, verify, commit.
+
+Size and hash (sha256 for LFS, git blob sha1 for regular files) are checked before the blob is committed; a
+partial file a previous fill left is hashed and continued, and a signed CDN URL that expired is resolved again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from mirror.errors import IntegrityError, UpstreamUnavailable
+from mirror.fill.copy import Cursor, pump, resume_offset
+from mirror.fill.state import Fill
+from mirror.integrity import BlobHasher
+from mirror.metrics import Metrics
+from mirror.storage.base import BlobStore
+from mirror.upstream import UpstreamClient, UrlExpired
+
+log = logging.getLogger("hf_mirror.fill")
+
+_MAX_ATTEMPTS_WITHOUT_PROGRESS = 6
+
+
+async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metrics: Metrics, chunk_size: int) -> None:
+    """Fill ``fill`` from upstream (this process holds its lease), then commit the blob."""
+    spec = fill.spec
+    partial = fill.partial
+    fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        hasher = BlobHasher(spec.etag, spec.size)
+        offset = await asyncio.to_thread(resume_offset, fd, spec.size, hasher, chunk_size)
+        fill.advance(offset)
+        if offset:
+            log.info("resuming fill of %s at byte %d of %d", spec.path, offset, spec.size)
+        cdn_url = spec.cdn_url
+        failures = 0
+        while offset < spec.size:
+            before = offset
+            try:
+                async with upstream.open_file(spec.repo, spec.commit, spec.path, spec.token, start=offset,
+                                              cdn_url=cdn_url) as file:
+                    if file.cdn_url is not None:
+                        cdn_url = file.cdn_url
+                    cursor = Cursor(offset)
+                    try:
+                        await pump(fill, file.body, fd, cursor, hasher, metrics.bytes_fetched, chunk_size)
+                    finally:
+                        offset = cursor.offset
+                if offset < spec.size:
+                    raise UpstreamUnavailable(f"upstream closed after {offset} of {spec.size} bytes")
+            except UrlExpired:
+                log.info("signed URL for %s expired; resolving again", spec.path)
+                cdn_url = None
+                failures += 1
+            except UpstreamUnavailable as exc:
+                failures = 0 if offset > before else failures + 1
+                if failures >= _MAX_ATTEMPTS_WITHOUT_PROGRESS:
+                    raise UpstreamUnavailable(
+                        f"giving up on {spec.path} after {failures} failed tries: {exc}"
+                    ) from exc
+                log.info("fill of %s interrupted at %d/%d (%s); resuming", spec.path, offset, spec.size, exc)
+                await asyncio.sleep(min(0.2 * 2**failures, 5.0))
+            if failures >= _MAX_ATTEMPTS_WITHOUT_PROGRESS:
+                raise UpstreamUnavailable(f"giving up on {spec.path}: signed URLs keep expiring")
+        if not hasher.matches():
+            metrics.integrity_failures.inc()
+            os.ftruncate(fd, 0)
+            partial.unlink(missing_ok=True)
+            raise IntegrityError(f"{spec.repo.key} {spec.path}: content does not match etag {spec.etag}")
+        fill.verify()
+    finally:
+        os.close(fd)
+    committed = await store.commit(spec.etag, partial)
+    fill.finish(committed)
+    log.info("committed %s %s (%d bytes) as %s", spec.repo.key, spec.path, spec.size, spec.etag)

@@ -1,0 +1,209 @@
+"""The fill engine: one upstream download per blob, streamed to every waiting client while it is stored.
+
+A fill is *stream + hash + verify + atomic commit*. It runs as its own task, owned by :class:`FillManager` and
+detached from the request that started it (a server cancels a streaming response when its client hangs up, so a
+commit placed after a tee loop would never run). Followers read the growing partial file.
+
+One fill per blob (single flight):
+- in this process, by the ``_fills`` table;
+- across processes and nodes, by the store's lease. A process that does not hold the lease follows the fill
+  (:mod:`mirror.fill.peer`), and takes over (resuming from its partial's size) when the lease is freed or expires.
+
+Nothing bad is served: readers of a fill in progress are held back from its last byte until the blob is verified
+(:mod:`mirror.fill.download`), so a client never completes a download of bytes that failed verification.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from mirror.errors import MirrorError, UpstreamUnavailable
+from mirror.fill.download import download
+from mirror.fill.peer import Follower, PeerCopy
+from mirror.fill.state import Fill, FillSpec
+from mirror.metrics import Metrics
+from mirror.storage.base import BlobStore, PeerAddress
+from mirror.upstream import UpstreamClient
+
+log = logging.getLogger("hf_mirror.fill")
+
+
+class FillManager:
+    def __init__(self, store: BlobStore, upstream: UpstreamClient, metrics: Metrics, *, chunk_size: int,
+                 lease_ttl: float, cancel_on_disconnect: bool, node_url: str | None = None) -> None:
+        self.store = store
+        self.upstream = upstream
+        self.metrics = metrics
+        self.chunk_size = chunk_size
+        self.lease_ttl = lease_ttl
+        self.cancel_on_disconnect = cancel_on_disconnect
+        self.node_url = node_url.rstrip("/") if node_url else None
+        self.owner = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._fills: dict[str, Fill] = {}
+        self._follower = Follower(store, upstream, metrics, chunk_size=chunk_size, node_url=self.node_url)
+        self.on_commit: list[Callable[[FillSpec], None]] = []
+
+    @property
+    def active(self) -> list[Fill]:
+        return list(self._fills.values())
+
+    def is_filling(self, etag: str) -> bool:
+        return etag in self._fills
+
+    @property
+    def bytes_to_write(self) -> int:
+        """Disk that the fills in progress will still take."""
+        return sum(max(fill.spec.size - fill.written, 0) for fill in self._fills.values())
+
+    def get(self, etag: str) -> Fill | None:
+        return self._fills.get(etag)
+
+    async def opens_to_peer(self, fill: Fill, token: str) -> bool:
+        """``token`` is the one our lease on the fill publishes (or, if another process here holds it, its)."""
+        if fill.leading:
+            return hmac.compare_digest(fill.peer_token, token)
+        return await self._published_peer(fill.spec.etag, token) is not None
+
+    async def _published_peer(self, etag: str, token: str) -> PeerAddress | None:
+        """The peer address the live lease of ``etag`` publishes, if ``token`` is its token."""
+        lease = await self.store.read_lease(etag)
+        if lease is None or lease.peer is None or not hmac.compare_digest(lease.peer.token, token):
+            return None
+        return lease.peer
+
+    async def join_for_peer(self, spec: FillSpec, token: str) -> Fill | None:
+        """A peer asks this process for a fill that another process of this node leads (a peer's connection
+        lands on any worker): follow it here too, once the lease shows the token is good."""
+        if not self.store.partial_path(spec.etag).exists():  # nothing is being filled here: no store round trip
+            return None
+        peer = await self._published_peer(spec.etag, token)
+        if peer is None or peer.url != self.node_url:
+            return None
+        return await self.start(spec)
+
+    async def start(self, spec: FillSpec) -> Fill | None:
+        """Join or start the fill of ``spec.etag``; ``None`` when the blob is already on this node's disk.
+
+        A blob committed in a remote store but not on this disk is a fill too: readers follow its copy.
+        """
+        fill = self._fills.get(spec.etag)
+        if fill is not None:
+            return fill
+        if self.store.cached_path(spec.etag) is not None:
+            return None
+        fill = Fill(spec, self.store.partial_path(spec.etag))
+        self._fills[spec.etag] = fill
+        fill.task = asyncio.create_task(self._drive(fill), name=f"fill:{spec.etag[:12]}")
+        return fill
+
+    async def fetch(self, spec: FillSpec) -> Path:
+        """Make sure the blob is committed (sync and prefetch use this); returns its local path."""
+        fill = await self.start(spec)
+        if fill is not None:
+            while not fill.finished:
+                await fill.wait_beyond(fill.spec.size)
+            if fill.error is not None:
+                raise fill.error
+        path = await self.store.local_path(spec.etag)
+        if path is None:
+            raise MirrorError(f"blob {spec.etag} vanished after its fill")
+        return path
+
+    async def aclose(self, grace: float) -> None:
+        """Graceful shutdown: let fills finish within ``grace`` seconds, then cancel (they stay resumable)."""
+        tasks = [f.task for f in self._fills.values() if f.task is not None]
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+
+    # --- readers ---------------------------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def reading(self, fill: Fill) -> AsyncIterator[int]:
+        """An fd on the fill's bytes (the partial file; its inode becomes the blob), counted as one reader.
+
+        When the last reader of a non-detached fill leaves before it ends, the fill is cancelled.
+        """
+        # The file may not exist yet, or may be renamed into place between a progress report and the commit.
+        while (fd := self._open_partial_or_blob(fill)) is None:
+            if fill.finished:
+                raise fill.error or MirrorError("the blob's file vanished")
+            await fill.changed()
+        fill.readers += 1
+        try:
+            yield fd
+        finally:
+            fill.readers -= 1
+            os.close(fd)
+            if fill.readers == 0 and self.cancel_on_disconnect and not fill.spec.detached and not fill.finished:
+                if fill.task is not None:
+                    fill.task.cancel()
+
+    @staticmethod
+    async def readable(fill: Fill, position: int) -> int:
+        """Wait until bytes beyond ``position`` may be read; returns the readable end (exclusive)."""
+        await fill.wait_beyond(position)
+        if fill.error is not None:
+            raise fill.error
+        return fill.readable_end()
+
+    def _open_partial_or_blob(self, fill: Fill) -> int | None:
+        for path in (fill.source, fill.committed):
+            if path is None:
+                continue
+            try:
+                return os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+        return None
+
+    # --- the fill task ---------------------------------------------------------------------------------------------
+
+    async def _drive(self, fill: Fill) -> None:
+        spec = fill.spec
+        peer = PeerAddress(self.node_url, fill.peer_token) if self.node_url else None
+        copy = PeerCopy(spec.etag, spec.size)
+        self.metrics.fills_in_flight.inc()
+        try:
+            while True:
+                if await self.store.stat(spec.etag) is not None:
+                    fill.finish(await self._follower.local_copy(fill, copy))
+                    break
+                fill.source = fill.partial
+                if await self.store.acquire_lease(spec.etag, self.owner, self.lease_ttl, peer):
+                    fill.leading = True
+                    try:
+                        await self._download(fill)
+                    finally:
+                        await self.store.release_lease(spec.etag, self.owner)
+                    break
+                await self._follower.follow(fill, copy)
+            self.metrics.fills.labels(result="ok").inc()
+            for callback in self.on_commit:
+                callback(spec)
+        except asyncio.CancelledError:
+            fill.finish(None, UpstreamUnavailable("the fill was cancelled; it resumes on the next request"))
+            self.metrics.fills.labels(result="cancelled").inc()
+            raise
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the readers
+            log.warning("fill of %s %s failed: %s", spec.repo.key, spec.path, exc)
+            fill.finish(None, exc)
+            self.metrics.fills.labels(result="error").inc()
+        finally:
+            self.metrics.fills_in_flight.dec()
+            self._fills.pop(spec.etag, None)
+
+    async def _download(self, fill: Fill) -> None:
+        """Download ``fill`` from upstream (this process holds its lease) and commit it."""
+        await download(fill, self.store, self.upstream, self.metrics, self.chunk_size)

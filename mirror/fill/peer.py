@@ -1,0 +1,116 @@
+"""Following a fill that another process leads: on this host by its partial file, on another node of a fleet by
+streaming it from that node (whose URL and a token the lease publishes) into our own partial file, hashed too."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+from urllib.parse import urlencode
+
+from mirror.errors import IntegrityError, MirrorError, UpstreamUnavailable
+from mirror.fill.copy import Cursor, pump
+from mirror.fill.state import Fill
+from mirror.integrity import BlobHasher
+from mirror.metrics import Metrics
+from mirror.storage.base import BlobStore, Lease, PeerAddress
+from mirror.upstream import UpstreamClient
+
+log = logging.getLogger("hf_mirror.fill")
+
+PEER_ROUTE = "/_mirror/fills/"  # + etag: a fill in progress, for the other nodes (mirror.routes.peer)
+_FOLLOW_POLL = 0.02  # seconds between looks at a partial file another process writes
+_PEER_TRIES = 3  # peer streams that end without progress before a follower just waits for the commit
+
+
+class PeerCopy:
+    """A follower's copy of a fill streamed from the node holding its lease; kept across reconnects."""
+
+    def __init__(self, etag: str, size: int) -> None:
+        self.hasher = BlobHasher(etag, size)
+        self.offset = 0
+        self.failures = 0
+        self.verified = False
+
+
+class Follower:
+    """Follows the fills that another process (on this host, or on another node) holds the lease of."""
+
+    def __init__(self, store: BlobStore, upstream: UpstreamClient, metrics: Metrics, *, chunk_size: int,
+                 node_url: str | None) -> None:
+        self.store = store
+        self.upstream = upstream
+        self.metrics = metrics
+        self.chunk_size = chunk_size
+        self.node_url = node_url
+
+    async def follow(self, fill: Fill, copy: PeerCopy) -> None:
+        """Another process holds the lease: follow its fill until it commits or its lease goes away."""
+        etag = fill.spec.etag
+        lease_check_every = max(1, int(0.5 / _FOLLOW_POLL))
+        ticks = 0
+        lease = await self.store.read_lease(etag)
+        while lease is not None:
+            if await self.store.stat(etag) is not None:
+                return
+            if not self._on_another_node(lease):
+                with contextlib.suppress(FileNotFoundError):  # the holder writes the very partial file we read
+                    fill.advance(os.stat(fill.partial).st_size)
+            elif lease.peer is not None and not copy.verified and copy.failures < _PEER_TRIES:
+                await self._copy_from_peer(fill, lease.peer, copy)
+            ticks += 1
+            if ticks % lease_check_every == 0:
+                lease = await self.store.read_lease(etag)
+            await asyncio.sleep(_FOLLOW_POLL)
+
+    def _on_another_node(self, lease: Lease) -> bool:
+        return lease.peer is not None and lease.peer.url != self.node_url
+
+    async def _copy_from_peer(self, fill: Fill, peer: PeerAddress, copy: PeerCopy) -> None:
+        """Stream the fill from the node that holds its lease into our partial file, from where we left off."""
+        spec = fill.spec
+        before = copy.offset
+        fd = os.open(fill.partial, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            # What the fill is rides along, so that any worker process of the peer node can follow it for us.
+            query = urlencode({"repo": spec.repo.key, "commit": spec.commit, "path": spec.path, "size": spec.size})
+            url = f"{peer.url}{PEER_ROUTE}{spec.etag}?{query}"
+            async with self.upstream.stream_peer(url, peer.token, copy.offset) as body:
+                cursor = Cursor(copy.offset)
+                try:
+                    await pump(fill, body, fd, cursor, copy.hasher, self.metrics.bytes_from_peers, self.chunk_size)
+                finally:
+                    copy.offset = cursor.offset
+        except MirrorError as exc:
+            copy.failures = 0 if copy.offset > before else copy.failures + 1
+            log.info("streaming %s from peer %s stopped at %d/%d: %s", spec.path, peer.url, copy.offset, spec.size,
+                     exc)
+            await asyncio.sleep(0.2)
+            return
+        finally:
+            os.close(fd)
+        if copy.offset < spec.size:
+            copy.failures += 1
+            return
+        if not copy.hasher.matches():  # the leader verified these bytes: they were damaged on the way
+            fill.partial.unlink(missing_ok=True)
+            raise IntegrityError(f"{spec.repo.key} {spec.path}: bytes from peer {peer.url} do not match {spec.etag}")
+        copy.verified = True
+        fill.verify()
+
+    async def local_copy(self, fill: Fill, copy: PeerCopy) -> Path:
+        """This node's file of a blob just committed: the verified copy streamed from a peer, else the store's."""
+        if copy.verified:
+            adopted = await self.store.adopt(fill.spec.etag, fill.partial)
+            if adopted is not None:
+                return adopted
+        elif copy.offset:
+            # Our readers follow the partial copy a broken peer stream left: cut them (they resume by Range and
+            # find the blob) rather than move them to another file in the middle of a read.
+            raise UpstreamUnavailable("the stream of this blob from its filling node broke before the commit")
+        path = await self.store.local_path(fill.spec.etag, progress=fill.follow_copy)
+        if path is None:
+            raise MirrorError(f"blob {fill.spec.etag} vanished from the store")
+        return path

@@ -1,0 +1,89 @@
+"""A fill's state: what it downloads (:class:`FillSpec`) and how far it got (:class:`Fill`), shared by its readers."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from mirror import hf
+
+
+@dataclass(frozen=True)
+class FillSpec:
+    """What to download: a file at a commit, which becomes blob ``etag`` of ``size`` bytes."""
+
+    repo: hf.RepoRef
+    commit: str
+    path: str
+    etag: str
+    size: int
+    token: str | None = None
+    cdn_url: str | None = None
+    detached: bool = True  # False: the fill may be cancelled when its last reader leaves (fill_on_disconnect=cancel)
+
+
+class Fill:
+    """The shared state of one blob fill: how many bytes are on disk, and how it ended."""
+
+    def __init__(self, spec: FillSpec, partial: Path) -> None:
+        self.spec = spec
+        self.partial = partial  # where this process's download (or copy from a peer) of the blob is written
+        # The file readers follow while the fill runs: ``partial`` once the fill knows it downloads or follows;
+        # for a blob already committed in a remote store, the file the store copies it into (see follow_copy).
+        self.source: Path | None = None
+        self.written = 0
+        self.committed: Path | None = None
+        self.verified = False  # every byte written and hashed against the etag: readers may take the last byte
+        self.error: BaseException | None = None
+        self.readers = 0
+        self.task: asyncio.Task[None] | None = None
+        self.peer_token = secrets.token_urlsafe(24)  # published in our lease: opens this fill to the other nodes
+        self.leading = False  # this process holds the lease and downloads
+        self._progress = asyncio.Event()
+
+    @property
+    def finished(self) -> bool:
+        return self.committed is not None or self.error is not None
+
+    def advance(self, written: int) -> None:
+        self.written = written
+        self._wake()
+
+    def finish(self, committed: Path | None, error: BaseException | None = None) -> None:
+        self.committed, self.error = committed, error
+        if committed is not None:
+            self.written = self.spec.size
+        self._wake()
+
+    def follow_copy(self, file: Path, written: int) -> None:
+        """The store's progress report while it copies a committed blob onto this node's disk."""
+        self.source = file
+        self.advance(written)
+
+    def verify(self) -> None:
+        self.verified = True
+        self._wake()
+
+    def _wake(self) -> None:
+        event, self._progress = self._progress, asyncio.Event()
+        event.set()
+
+    async def changed(self) -> None:
+        """Return at the next progress report, verification or end."""
+        await self._progress.wait()
+
+    async def wait_beyond(self, offset: int) -> None:
+        """Return once more than ``offset`` bytes are readable, or the fill has finished."""
+        while self.readable_end() <= offset and not self.finished:
+            await self._progress.wait()
+
+    def readable_end(self) -> int:
+        """Bytes a reader may take: all once verified; before, all but the last, which waits for verification.
+
+        The last byte does not wait for the commit's fsync: the bytes in the page cache are the ones just hashed.
+        """
+        if self.verified or self.committed is not None:
+            return self.spec.size
+        return min(self.written, max(self.spec.size - 1, 0))

@@ -1,0 +1,47 @@
+"""Upstream error answers as the exceptions of :mod:`mirror.errors`, keeping the Hub's status, code, message and
+commit (``X-Error-Code``, ``X-Error-Message``, a JSON ``error``, or the status alone)."""
+
+from __future__ import annotations
+
+import httpx
+
+from mirror import hf
+from mirror.errors import EntryNotFound, HubError, MirrorError, UpstreamUnavailable
+from mirror.upstream.values import UpstreamAnswer
+
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+# Headers of a 429 that tell the client how long to wait (huggingface_hub reads all three).
+_RATE_LIMIT_HEADERS = ("Retry-After", "RateLimit", "RateLimit-Policy")
+
+
+def hub_error(response: httpx.Response | UpstreamAnswer, *, resolve: bool) -> MirrorError:
+    """Map an upstream error response to a HubError that keeps its status, code, message and commit."""
+    code = response.headers.get(hf.H_ERROR_CODE)
+    message = response.headers.get(hf.H_ERROR_MESSAGE) or _json_error(response) or response.reason_phrase
+    commit = response.headers.get(hf.H_REPO_COMMIT)
+    status = response.status_code
+    if status in RETRY_STATUSES and status != 429:
+        return UpstreamUnavailable(f"Upstream answered {status}: {message}")
+    if code == "EntryNotFound":
+        return EntryNotFound(commit, message)
+    if code is None:  # The mirror always sends a code (clients need one over http://); infer the Hub's.
+        code = {401: "RepoNotFound", 403: "GatedRepo", 404: "EntryNotFound" if resolve else "RepoNotFound"}.get(
+            status
+        )
+        if code == "EntryNotFound":
+            return EntryNotFound(commit, message)
+    headers = {hf.H_REPO_COMMIT: commit} if commit else {}
+    if status == 429:
+        headers.update({name: response.headers[name] for name in _RATE_LIMIT_HEADERS if name in response.headers})
+    return HubError(status, code, message, headers=headers)
+
+
+def _json_error(response: httpx.Response | UpstreamAnswer) -> str | None:
+    try:
+        body = response.json()
+    except (ValueError, httpx.ResponseNotRead, UnicodeDecodeError):
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, list):
+        return "; ".join(map(str, error))
+    return str(error) if error else None
