@@ -153,3 +153,63 @@ def test_no_function_local_imports_of_the_project() -> None:
                              f"LOCAL_IMPORTS_ALLOWED with the reason): {unexplained}")
     stale = set(LOCAL_IMPORTS_ALLOWED) - {(i.importer, i.imported) for i in local}
     assert not stale, f"LOCAL_IMPORTS_ALLOWED names imports that are no longer local: {sorted(stale)}"
+
+
+# --- layers: routes send what the service decided; policy speaks no HTTP ---------------------------------------------
+
+ROUTES = "mirror.routes"
+POLICY = ("mirror.service", "mirror.access", "mirror.fill")  # and their submodules
+WEB_AND_HTTP = ("fastapi", "starlette", "uvicorn", "httpx", "urllib3", "h11", "httptools")
+# Clients of HTTP in their own right (a mirror's API over HTTP, a benchmark driver, the demo): beside the server's
+# layers, not under them. Inside the server, only the upstream adapter speaks HTTP to others.
+HTTP_CLIENTS_ALLOWED = ("mirror.upstream", "mirror.sync", "mirror.harness", "mirror.demo")
+
+
+def _within(name: str, packages: tuple[str, ...] | str) -> bool:
+    packages = (packages,) if isinstance(packages, str) else packages
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def external_imports(path: Path) -> set[str]:
+    """The top-level names of the libraries a module imports, anywhere in it (function bodies included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found - {"mirror"}
+
+
+def test_routes_never_touch_upstream_store_or_index() -> None:
+    """A route turns the service's answer (Cached | Filling | Relay, an ApiResult) into bytes on the wire; what to
+    fetch, relay or store is the service's decision (as Docker distribution's proxy blob store decides to relay)."""
+    offenders = [f"{i.importer}:{i.line} imports {i.imported}" for i in all_imports()
+                 if _within(i.importer, ROUTES)
+                 and _within(i.imported, ("mirror.upstream", "mirror.storage", "mirror.index"))]
+    assert not offenders, f"routes go through mirror.service (or read a fill of mirror.fill): {offenders}"
+
+
+def test_policy_imports_no_web_framework_or_http_client() -> None:
+    """The service, the fill engine and the access policy return values; upstream bytes reach them as the values
+    of mirror.upstream, never as a transport's response objects."""
+    offenders = {name: sorted(external_imports(path) & set(WEB_AND_HTTP))
+                 for name, path in modules().items() if _within(name, POLICY)}
+    offenders = {name: libs for name, libs in offenders.items() if libs}
+    assert not offenders, f"policy modules import a web framework or an HTTP client: {offenders}"
+
+
+def test_only_the_upstream_adapter_speaks_http_inside_the_server() -> None:
+    offenders = {name: sorted(external_imports(path) & {"httpx", "urllib3"})
+                 for name, path in modules().items() if not _within(name, HTTP_CLIENTS_ALLOWED)}
+    offenders = {name: libs for name, libs in offenders.items() if libs}
+    assert not offenders, f"only mirror.upstream talks HTTP to other servers: {offenders}"
+
+
+def test_the_layer_rules_see_their_modules() -> None:
+    """The rules above check something: the packages they name exist and hold the modules they are about."""
+    names = set(modules())
+    assert {"mirror.routes.resolve", "mirror.routes.peer", "mirror.service", "mirror.access",
+            "mirror.fill.manager", "mirror.upstream.client"} <= names
+    assert "httpx" in external_imports(modules()["mirror.upstream.client"])
+    assert "fastapi" in external_imports(modules()["mirror.app"])
