@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl
 from mirror import hf
 from mirror.access import Caller
 from mirror.errors import BadRequest, MirrorError
-from mirror.metrics import Metrics
+from mirror.metrics import Metrics, Outcome
 from mirror.routes.common import Receive, Scope, Send, mirror_base, query_pairs, send_error
 from mirror.service import ApiResult, MirrorService
 
@@ -30,37 +30,37 @@ class ApiHandler:
         self.body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, raw_path: str,
-                       target: hf.ApiTarget | None, caller: Caller) -> str:
+                       target: hf.ApiTarget | None, caller: Caller) -> Outcome:
         """A read route: cached JSON for one repo's routes, relayed as it arrives for the rest."""
         method = scope["method"]
         try:
             if raw_path.rstrip("/") == "/api/agent-harnesses":
-                result = ApiResult(200, (("content-type", "application/json"),), _AGENT_HARNESSES, "hit")
+                result = ApiResult(200, (("content-type", "application/json"),), _AGENT_HARNESSES, Outcome.HIT)
             elif target is None or (target.sub or "info") not in hf.API_CACHED_ROUTES | {"xet-read-token"}:
                 return await self._relay(scope, send, raw_path, caller)
             else:
                 form = await self._read_form(scope, receive) if method == "POST" else None
                 result = await self.service.api(target, method, raw_path, query_pairs(scope), form, caller)
         except MirrorError as exc:
-            self.metrics.requests.labels(route="api", outcome="error").inc()
+            self.metrics.requests.labels(route="api", outcome=Outcome.ERROR).inc()
             await send_error(send, exc, head=method == "HEAD")
-            return "error"
+            return Outcome.ERROR
         self.metrics.requests.labels(route="api", outcome=result.outcome).inc()
         headers = [(b"content-length", str(len(result.body)).encode()), (b"x-mirror-cache", result.outcome.encode())]
         headers += _relayed_headers(result.headers, scope)
-        if result.outcome == "stale":
+        if result.outcome == Outcome.STALE:
             headers.append((b"warning", b'110 - "Response is stale"'))
         await send({"type": "http.response.start", "status": result.status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if method == "HEAD" else result.body})
         return result.outcome
 
-    async def _relay(self, scope: Scope, send: Send, raw_path: str, caller: Caller) -> str:
+    async def _relay(self, scope: Scope, send: Send, raw_path: str, caller: Caller) -> Outcome:
         """Stream an uncached read route from upstream, never more than ``max_relay_bytes``; memory stays bounded."""
         head = scope["method"] == "HEAD"
         started = False
         try:
             async with self.service.relay(raw_path, query_pairs(scope), caller) as body:
-                headers = [(b"x-mirror-cache", b"passthrough")]
+                headers = [(b"x-mirror-cache", Outcome.PASSTHROUGH.encode())]
                 headers += _relayed_headers(tuple(body.headers.items()), scope)
                 await send({"type": "http.response.start", "status": body.status_code, "headers": headers})
                 started = True
@@ -72,15 +72,15 @@ class ApiHandler:
                             raise MirrorError(f"relayed answer over {self.max_relay_bytes} bytes")
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except MirrorError as exc:
-            self.metrics.requests.labels(route="api", outcome="error").inc()
+            self.metrics.requests.labels(route="api", outcome=Outcome.ERROR).inc()
             if started:
                 log.warning("relay of %s cut: %s", raw_path[:200], exc.message)
-                return "aborted"  # the headers are gone: a cut connection is the only honest signal left
+                return Outcome.ABORTED  # the headers are gone: a cut connection is the only honest signal left
             await send_error(send, exc, head=head)
-            return "error"
+            return Outcome.ERROR
         await send({"type": "http.response.body", "body": b""})
-        self.metrics.requests.labels(route="api", outcome="passthrough").inc()
-        return "passthrough"
+        self.metrics.requests.labels(route="api", outcome=Outcome.PASSTHROUGH).inc()
+        return Outcome.PASSTHROUGH
 
     async def _read_form(self, scope: Scope, receive: Receive) -> list[tuple[str, str]]:
         body = bytearray()

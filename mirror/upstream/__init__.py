@@ -1,7 +1,7 @@
 """The upstream Hub, as the rest of the mirror sees it: a client that returns the mirror's own values.
 
-- :mod:`mirror.upstream.client`: :class:`UpstreamClient` (redirects by hand, auth only to the upstream's origin,
-  one retry policy for 429/5xx);
+- :mod:`mirror.upstream.client`: :class:`UpstreamClient` (redirects by hand, auth only to the upstream's origin),
+  and :mod:`mirror.upstream.retry`, the one retry policy for 429/5xx;
 - :mod:`mirror.upstream.bulk`: the bulk transport (urllib3 in a worker thread) and its :class:`BulkBody`;
 - :mod:`mirror.upstream.values`: what the client returns (file metadata, whole answers, relayed bodies, a fill's
   file body);

@@ -15,7 +15,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Protocol, TypeVar
 from urllib.parse import urlencode, urljoin, urlsplit
 
 import httpx
@@ -26,7 +25,8 @@ from mirror.config import Settings
 from mirror.errors import MirrorError, UpstreamTimeout, UpstreamUnavailable, scrub_secrets
 from mirror.metrics import Metrics
 from mirror.upstream.bulk import BulkBody, BulkPools, BulkResponse
-from mirror.upstream.errors import RETRY_STATUSES, hub_error
+from mirror.upstream.errors import hub_error
+from mirror.upstream.retry import A, with_retries
 from mirror.upstream.values import FileBody, RelayBody, UpstreamAnswer, UpstreamFileMeta, UrlExpired
 
 log = logging.getLogger("hf_mirror.upstream")
@@ -36,21 +36,6 @@ _MAX_HOPS = 10
 _MAX_ERROR_BODY = 64 * 1024  # an error answer is read this far at most (its message is all the mirror needs)
 
 RepoGuard = Callable[[hf.RepoRef], None]  # raises when the caller may not read a repo an upstream redirect leads to
-
-
-class _Answer(Protocol):
-    """What the retry policy reads of an answer, whichever transport brought it."""
-
-    @property
-    def status_code(self) -> int: ...
-
-    @property
-    def headers(self) -> httpx.Headers: ...
-
-    async def aclose(self) -> None: ...
-
-
-A = TypeVar("A", bound=_Answer)
 
 
 async def _read_capped(response: httpx.Response, cap: int, what: str) -> UpstreamAnswer:
@@ -205,26 +190,8 @@ class UpstreamClient:
         return error
 
     async def _with_retries(self, attempt: Callable[[], Awaitable[A]]) -> A:
-        """Retry 429/5xx with bounded backoff (``Retry-After`` honoured up to ``retry_backoff_max``).
-
-        A 429 is tried once more at most, then relayed with its rate-limit headers: the client knows its own budget,
-        and hammering a rate-limited upstream only spends the whole mirror's.
-        """
-        retries = self.settings.upstream_retries
-        for number in range(retries + 1):
-            response = await attempt()
-            if response.status_code not in RETRY_STATUSES or number == retries:
-                return response
-            if response.status_code == 429 and number >= 1:
-                return response
-            delay = min(0.25 * 2**number, self.settings.retry_backoff_max)
-            retry_after = response.headers.get("retry-after")
-            if retry_after and retry_after.isdigit():
-                delay = min(float(retry_after), self.settings.retry_backoff_max)
-            await response.aclose()
-            log.info("upstream answered %s, retrying in %.2fs", response.status_code, delay)
-            await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
+        return await with_retries(attempt, retries=self.settings.upstream_retries,
+                                  backoff_max=self.settings.retry_backoff_max)
 
     # --- files ----------------------------------------------------------------------------------------------------
 

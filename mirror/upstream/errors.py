@@ -7,9 +7,9 @@ import httpx
 
 from mirror import hf
 from mirror.errors import EntryNotFound, HubError, MirrorError, UpstreamUnavailable
+from mirror.upstream.retry import RETRY_STATUSES
 from mirror.upstream.values import UpstreamAnswer
 
-RETRY_STATUSES = (429, 500, 502, 503, 504)
 # Headers of a 429 that tell the client how long to wait (huggingface_hub reads all three).
 _RATE_LIMIT_HEADERS = ("Retry-After", "RateLimit", "RateLimit-Policy")
 
