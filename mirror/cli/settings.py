@@ -1,23 +1,18 @@
-"""``hf-mirror`` / ``python -m mirror``: serve, sync, cache, bench, demo.
+"""The settings flags (``--host``, ``--cache-dir``, ...): one parent parser (``parents=[settings_flags()]``) shared
+by ``serve``, ``sync`` and ``cache``, and the :class:`Settings` the CLI builds from them and hands down.
 
-Each subcommand's own flags are defined next to its code (``add_arguments``/``run`` pairs); the settings flags are
-defined here, and the CLI builds :class:`Settings` from them and hands it down (``run(args, settings)``): nothing
-below the CLI imports it.
-``serve``'s flags are a contract used by deploy files and outside checks: extend them, never break them.
+Every flag is also env ``HF_MIRROR_<NAME>`` and a key of ``--config``. ``serve``'s flags are a contract used by
+deploy files and outside checks: extend them, never break them.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mirror import cachecli, demo
-from mirror.config import ConfigError, Settings, load_settings
-from mirror.harness import command as bench
-from mirror.sync import command as sync
+from mirror.config import Settings, load_settings
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults: bool = False) -> None:
@@ -93,8 +88,8 @@ def settings_from_args(args: argparse.Namespace, *, hf_token_env: bool = False) 
     return load_settings(values, config_file=getattr(args, "config", None), hf_token_env=hf_token_env)
 
 
-def _with_settings(run: Callable[[argparse.Namespace, Settings], int], *,
-                   hf_token_env: bool = True) -> Callable[[argparse.Namespace], int]:
+def with_settings(run: Callable[[argparse.Namespace, Settings], int], *,
+                  hf_token_env: bool = True) -> Callable[[argparse.Namespace], int]:
     """A command's ``run(args, settings)`` as the parser's ``func(args)``: the settings are built from the flags.
 
     ``hf_token_env``: the command may take its service token from ``HF_TOKEN`` (sync, cache); ``serve`` never does,
@@ -105,49 +100,3 @@ def _with_settings(run: Callable[[argparse.Namespace, Settings], int], *,
 
     return func
 
-
-def _run_serve(args: argparse.Namespace, settings: Settings) -> int:
-    # Only ``serve`` loads the server stack (uvicorn, FastAPI: about 0.5 s to import); ``cache`` and ``sync`` do not.
-    from mirror.server import serve
-
-    serve(settings)
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-mirror", description="A self-hosted Hugging Face Hub mirror.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def command(name: str, help_text: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
-        child = sub.add_parser(name, help=help_text, description=help_text)
-        child.set_defaults(func=func)
-        return child
-
-    add_settings_arguments(command("serve", "run the mirror server", _with_settings(_run_serve, hf_token_env=False)))
-    sync_parser = command("sync", "pre-fetch the repos of a manifest into the cache", _with_settings(sync.run))
-    sync.add_arguments(sync_parser)
-    add_settings_arguments(sync_parser)
-    cache_parser = command("cache", "inspect and manage the cache: ls, du, verify, rm, gc, import, export",
-                           _with_settings(cachecli.run))
-    add_settings_arguments(cache_parser)  # before the subcommand, and (below) after it
-    cachecli.add_arguments(cache_parser, settings_flags(suppress_defaults=True))
-    bench.add_arguments(command("bench", "measure data loading through an endpoint into a training loop",
-                                bench.run))
-    demo.add_arguments(command("demo", "sample hub + mirror + bench, offline, in under a minute", demo.run))
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except ConfigError as exc:
-        print(f"hf-mirror: configuration error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

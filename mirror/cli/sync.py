@@ -1,4 +1,5 @@
-"""``hf-mirror sync``'s own flags and its ``run(args, settings)``."""
+"""``hf-mirror sync``: pre-fetch the repos of a manifest into the cache (the :mod:`mirror.sync` package), with
+its own flags (a parent parser, before the settings flags) and its ``run(args, settings)``."""
 
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ from mirror.sync.summary import print_summary
 log = logging.getLogger("hf_mirror.sync")
 
 
+HELP = "pre-fetch the repos of a manifest into the cache"
 DEFAULT_CONCURRENCY = 4
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``sync``'s own flags; the CLI adds the settings flags (``--cache-dir``, ``--upstream``, ...) beside them."""
+def flags() -> argparse.ArgumentParser:
+    """``sync``'s own flags as a parent parser; the settings flags (``--cache-dir``, ``--upstream``, ...) follow."""
+    parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--manifest", type=Path, required=True,
                         help="TOML manifest of repos (see deploy/sync.example.toml)")
     parser.add_argument("--mirror", metavar="URL",
@@ -37,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"else {DEFAULT_CONCURRENCY})")
     parser.add_argument("--progress", choices=("auto", "bars", "plain"), default="auto",
                         help="progress bars (terminal) or plain log lines (default: auto)")
+    return parser
 
 
 def _configure_logging(settings: Settings) -> None:

@@ -1,0 +1,5 @@
+import sys
+
+from mirror.cli.commands import main
+
+sys.exit(main())

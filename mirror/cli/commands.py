@@ -1,0 +1,45 @@
+"""The ``hf-mirror`` command table (``build_parser``) and ``main``: parse, run the command, map errors to exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from mirror import demo
+from mirror.cli import cache, serve, sync
+from mirror.cli.settings import settings_flags, with_settings
+from mirror.config import ConfigError
+from mirror.harness import command as bench
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-mirror", description="A self-hosted Hugging Face Hub mirror.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, help_text: str, func: Callable[[argparse.Namespace], int],
+                parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
+        child = sub.add_parser(name, help=help_text, description=help_text, parents=list(parents))
+        child.set_defaults(func=func)
+        return child
+
+    command("serve", serve.HELP, with_settings(serve.run, hf_token_env=False), [settings_flags()])
+    command("sync", sync.HELP, with_settings(sync.run), [sync.flags(), settings_flags()])
+    # The settings flags before the subcommand, and (each subcommand's) after it.
+    cache.add_arguments(command("cache", cache.HELP, with_settings(cache.run), [settings_flags()]))
+    bench.add_arguments(command("bench", "measure data loading through an endpoint into a training loop",
+                                bench.run))
+    demo.add_arguments(command("demo", "sample hub + mirror + bench, offline, in under a minute", demo.run))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"hf-mirror: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
