@@ -87,6 +87,10 @@ class Settings:
     # storage) and, if that is not enough, the file is relayed from upstream without being stored.
     min_free_space: int | None = 256 * 1024**2
     gc_interval: float = 600.0
+    # The scrub re-hashes stored blobs in the background at most this many bytes per second (0: off): every blob
+    # once a cycle, and a blob right after its first hit in this process, so a blob corrupted on disk is served at
+    # most until its check ends, then refetched.
+    scrub_rate: int = 32 * 1024**2
     # Blob storage (issue 9): ``local`` keeps blobs under cache_dir; ``s3`` keeps them in an S3-compatible bucket
     # shared by every node, with cache_dir as a bounded local hot tier. Credentials come from the standard AWS
     # sources (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, profiles, instance/pod roles), never from these settings.
@@ -116,6 +120,9 @@ class Settings:
     allow_repos: tuple[str, ...] = ()
     deny_repos: tuple[str, ...] = ()
     max_paths_info: int = 1000
+    # The dataset viewer's host upstream (issue 20): by default the one the Hub's client derives from the upstream,
+    # ``https://datasets-server.<upstream host>``; ``off`` answers the viewer host from the cache only.
+    viewer_upstream: str | None = None
     # Bounds on what a caller can make the process hold: request line + headers, the time to send them, and the
     # upstream JSON the mirror caches (relayed bodies stream).
     max_header_bytes: int = 64 * 1024
@@ -131,6 +138,12 @@ class Settings:
         if not self.upstream.startswith(("http://", "https://")):
             raise ConfigError(f"upstream must be an http(s) URL, got {self.upstream!r}")
         object.__setattr__(self, "upstream", self.upstream.rstrip("/"))
+        scheme, _, rest = self.upstream.partition("://")
+        derived = f"{scheme}://datasets-server.{rest.rpartition('@')[2]}"  # never the upstream's credentials
+        viewer = (self.viewer_upstream or derived).rstrip("/")
+        if viewer not in ("off", "none") and not viewer.startswith(("http://", "https://")):
+            raise ConfigError(f"viewer_upstream must be an http(s) URL or 'off', got {viewer!r}")
+        object.__setattr__(self, "viewer_upstream", viewer)
         object.__setattr__(self, "upstream_token", self.upstream_token or None)  # "" (an unset compose var): none
         object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
         if not 0 < self.port < 65536:
@@ -175,6 +188,7 @@ class Settings:
             if out.get(key):
                 out[key] = "***"
         out["upstream"] = self.upstream_display
+        out["viewer_upstream"] = redact_url(self.viewer_upstream or "")
         return {k: str(v) if isinstance(v, Path) else v for k, v in out.items()}
 
 
@@ -185,6 +199,8 @@ def _coerce(name: str, raw: Any) -> Any:
     """Turn a TOML/env/CLI value into the field's type, with a clear error."""
     kind = str(_FIELDS[name].type)
     try:
+        if name == "scrub_rate":
+            return parse_size(raw) or 0  # 0: off
         if name in ("max_size", "hot_tier_max_size", "min_free_space", "max_header_bytes", "max_api_body"):
             return parse_size(raw)
         if kind.startswith("bool"):

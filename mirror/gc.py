@@ -33,6 +33,40 @@ if TYPE_CHECKING:
 log = logging.getLogger("hf_mirror.gc")
 
 _PARTIAL_MAX_AGE = 7 * 24 * 3600.0  # a partial nobody resumed for a week is dropped
+# Status pages and /metrics answer from a usage snapshot at most this old: a flood of them costs one scan (in a
+# thread, off the event loop) per period, whatever the size of the cache.
+_SNAPSHOT_MAX_AGE = 2.0
+# A fill that would pass the quota evicts down to this share of it: one pass makes room for several fills.
+_QUOTA_LOW_WATER = 0.95
+_SCRUB_FIRST_SWEEP = 300.0  # seconds after start before the first sweep
+_SCRUB_CYCLE_PAUSE = 6 * 3600.0  # between two sweeps of the whole store (first hits are checked meanwhile)
+_SCRUB_QUEUE = 10_000  # blobs waiting for their first-hit check; more are left to the next sweep
+_SCRUB_REMEMBERED = 200_000  # blobs known good in this process (then forgotten, and checked again by a sweep)
+
+
+class _Pacer:
+    """Keeps a thread's reads under ``rate`` bytes per second (it sleeps in the scrub's thread, not the loop)."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self.started = time.monotonic()
+        self.done = 0
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        ahead = self.done / self.rate - (time.monotonic() - self.started)
+        if ahead > 0:
+            time.sleep(min(ahead, 5.0))
+        elif ahead < -1.0:  # idle for a while: no burst to catch up
+            self.started, self.done = time.monotonic(), 0
+
+
+@dataclass(frozen=True)
+class UsageSnapshot:
+    taken_at: float
+    total_bytes: int
+    total_blobs: int
+    repos: tuple[RepoUsage, ...]
 
 
 @dataclass(frozen=True)
@@ -75,20 +109,32 @@ class CacheManager:
         self.max_size = max_size
         self.is_busy = is_busy
         self._lock = asyncio.Lock()
+        # Blob bytes as this process knows them: set by every scan, raised by each fill it lets start, lowered by
+        # each eviction. Other workers' fills show up at the next scan (the periodic pass, or a status snapshot).
+        self._used: int | None = None
+        self._snapshot: UsageSnapshot | None = None
+        self._snapshot_task: asyncio.Task[UsageSnapshot] | None = None
+        # The scrub: blobs checked good in this process, and blobs served for the first time, waiting for a check.
+        self._scrubbed: set[tuple[str, int, int, int]] = set()  # (etag, mtime_ns, size, inode): a rewrite shows
+        self._suspects: dict[str, None] = {}
+        self._suspect_added = asyncio.Event()
 
     async def blobs(self) -> list[BlobInfo]:
         return [info async for info in self.store.list_blobs()]
 
     def blob_repos(self) -> dict[str, set[tuple[str, str]]]:
-        """etag -> the repos whose cached file entries name it."""
+        """etag -> the repos whose cached file entries name it. A scan of the index: call it in a thread."""
         owners: dict[str, set[tuple[str, str]]] = defaultdict(set)
         for repo_type, repo_id, entry in self.index.iter_files():
             if entry.etag:
                 owners[entry.etag].add((repo_type, repo_id))
         return owners
 
-    async def usage(self) -> list[RepoUsage]:
-        blobs = {b.etag: b for b in await self.blobs()}
+    async def usage(self, blob_list: list[BlobInfo] | None = None) -> list[RepoUsage]:
+        blobs = {b.etag: b for b in (blob_list if blob_list is not None else await self.blobs())}
+        return await asyncio.to_thread(self._usage, blobs)
+
+    def _usage(self, blobs: dict[str, BlobInfo]) -> list[RepoUsage]:
         pinned = self.index.pinned_repos()
         per_repo: dict[tuple[str, str], dict[str, Any]] = defaultdict(
             lambda: {"etags": set(), "commits": set(), "last": 0.0}
@@ -118,10 +164,11 @@ class CacheManager:
             if free > 0:
                 limit = max(min(limit or total, total - free), 1)
             self._update_gauges(blobs)
+            self._used = total
             if not limit or total <= limit:
                 return GcReport(0, 0, total)
             pinned = self.index.pinned_repos()
-            owners = self.blob_repos()
+            owners = await asyncio.to_thread(self.blob_repos)
             evicted = freed = 0
             for blob in sorted(blobs, key=lambda b: b.last_access):
                 if total <= limit:
@@ -136,31 +183,48 @@ class CacheManager:
             if total > limit:
                 log.warning("cache is %d bytes, over the %d quota: the rest is pinned or in use", total, limit)
             self.metrics.cache_bytes.set(total)
+            self._used = total
             return GcReport(evicted, freed, total)
 
     async def make_room(self, size: int, reserved: int) -> bool:
-        """Disk for a new blob of ``size`` bytes beside ``reserved`` bytes that fills in progress have yet to write,
-        leaving ``min_free_space``; evicts least recently used blobs (local storage) to get it. False: no room."""
+        """Room for a new blob of ``size`` bytes beside ``reserved`` bytes that fills in progress have yet to write:
+        under ``max_size`` (the quota holds while serving, not only at the periodic pass), and leaving
+        ``min_free_space`` on the disk; evicts least recently used, unpinned, idle blobs to get it. False: no disk
+        room (the caller relays the file without storing it; the quota alone never refuses a file)."""
+        if self.max_size:
+            if self._used is None:
+                self._used = sum(b.size for b in await self.blobs())
+            over = self._used + reserved + size - self.max_size
+            if over > 0:
+                report = await self.collect(free=over + int(self.max_size * (1 - _QUOTA_LOW_WATER)))
+                log.info("quota: evicted %d blobs (%d bytes) for a new %d-byte fill", report.evicted,
+                         report.freed_bytes, size)
         shortfall = self._shortfall(size + reserved)
-        if shortfall <= 0:
-            return True
-        if self.evicts_for_disk:
+        if shortfall > 0 and self.evicts_for_disk:
             report = await self.collect(free=shortfall)
             log.warning("disk short by %d bytes for a new fill: evicted %d blobs (%d bytes)", shortfall,
                         report.evicted, report.freed_bytes)
             shortfall = self._shortfall(size + reserved)
-        return shortfall <= 0
+        if shortfall > 0:
+            return False
+        if self._used is not None:
+            self._used += size
+        return True
 
     def _shortfall(self, need: int) -> int:
         self.root.mkdir(parents=True, exist_ok=True)
         return need + self.min_free_space - shutil.disk_usage(self.root).free
 
     async def run_periodically(self, interval: float) -> None:
+        """The periodic pass (``gc_interval``): the quota against what every worker wrote, and expired index entries
+        (remembered 404s, access records) dropped."""
         while True:
             try:
-                report = await self.collect()
-                if report.evicted:
-                    log.info("gc evicted %d blobs (%d bytes)", report.evicted, report.freed_bytes)
+                if self.max_size:
+                    report = await self.collect()
+                    if report.evicted:
+                        log.info("gc evicted %d blobs (%d bytes)", report.evicted, report.freed_bytes)
+                await asyncio.to_thread(self.index.cull_expired)
             except Exception:  # noqa: BLE001 - the loop must survive a bad pass
                 log.exception("gc pass failed")
             await asyncio.sleep(interval)
@@ -201,10 +265,7 @@ class CacheManager:
                      on_result: Callable[[BlobInfo, bool], None] | None = None) -> VerifyReport:
         """Re-hash every committed blob against its etag; corrupt ones are deleted when ``remove`` (the next request
         fills them again). Idle blobs only: a blob being filled is not committed yet, so it is never listed."""
-        sizes: dict[str, int] = {}
-        for _type, _repo, entry in self.index.iter_files():
-            if entry.etag and not entry.missing:
-                sizes[entry.etag] = entry.size
+        sizes = await asyncio.to_thread(self._expected_sizes)
         blobs = await self.blobs()
         semaphore = asyncio.Semaphore(max(1, jobs))
         corrupt: list[BlobInfo] = []
@@ -239,13 +300,110 @@ class CacheManager:
         await asyncio.gather(*(check(b) for b in blobs))
         return VerifyReport(checked, checked_bytes, tuple(corrupt), removed=remove)
 
+    def _expected_sizes(self) -> dict[str, int]:
+        return {entry.etag: entry.size for _t, _r, entry in self.index.iter_files() if entry.etag and not entry.missing}
+
+    async def snapshot(self) -> UsageSnapshot:
+        """Blob totals and per-repo usage, at most ``_SNAPSHOT_MAX_AGE`` old; one scan at a time, off the loop."""
+        current = self._snapshot
+        if current is not None and time.time() - current.taken_at < _SNAPSHOT_MAX_AGE:
+            return current
+        if self._snapshot_task is None or self._snapshot_task.done():
+            self._snapshot_task = asyncio.create_task(self._take_snapshot())
+        return await asyncio.shield(self._snapshot_task)
+
+    async def _take_snapshot(self) -> UsageSnapshot:
+        blobs = await self.blobs()
+        repos = await self.usage(blobs)
+        self._update_gauges(blobs)
+        total = sum(b.size for b in blobs)
+        self._used = total
+        self._snapshot = UsageSnapshot(time.time(), total, len(blobs), tuple(repos))
+        return self._snapshot
+
+    # --- the scrub ----------------------------------------------------------------------------------------------
+
+    def suspect(self, etag: str) -> None:
+        """A stored blob was just served: have the scrub check it soon, once per process (cheap when already done)."""
+        if etag in self._suspects or len(self._suspects) >= _SCRUB_QUEUE:
+            return
+        self._suspects[etag] = None
+        self._suspect_added.set()
+
+    def verified(self, etag: str) -> None:
+        """This very file was just hashed (a fill's commit): its first hit needs no check."""
+        path = self.store.cached_path(etag)
+        if path is None:
+            return
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return
+        self._remember_good((etag, st.st_mtime_ns, st.st_size, st.st_ino))
+
+    def _remember_good(self, key: tuple[str, int, int, int]) -> None:
+        if len(self._scrubbed) >= _SCRUB_REMEMBERED:
+            self._scrubbed.clear()
+        self._scrubbed.add(key)
+
+    async def run_scrub(self, rate: int) -> None:
+        """Forever: re-hash every stored blob at most ``rate`` bytes/s, first-hit suspects before the sweep goes on;
+        a blob that does not match its etag is removed (it is fetched again on the next request)."""
+        pacer = _Pacer(rate)
+        pause = _SCRUB_FIRST_SWEEP  # a start (often a deploy, or a benchmark) is not the time for a full sweep
+        while True:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + pause
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    await asyncio.wait_for(self._suspect_added.wait(), timeout=left)
+                except TimeoutError:
+                    break
+                await self._scrub_suspects(pacer)
+            try:
+                async for blob in self.store.list_blobs():
+                    await self._scrub_suspects(pacer)
+                    await self._scrub(blob.etag, pacer, sweep=True)
+            except Exception:  # noqa: BLE001 - the scrub must survive a bad sweep
+                log.exception("scrub sweep failed")
+            pause = _SCRUB_CYCLE_PAUSE
+
+    async def _scrub_suspects(self, pacer: _Pacer) -> None:
+        self._suspect_added.clear()
+        while self._suspects:
+            etag = next(iter(self._suspects))
+            del self._suspects[etag]
+            await self._scrub(etag, pacer)
+
+    async def _scrub(self, etag: str, pacer: _Pacer, *, sweep: bool = False) -> None:
+        """Check one blob; a first-hit check is skipped when this very file (same inode, size, mtime) passed."""
+        if self.is_busy(etag):
+            return
+        path = self.store.cached_path(etag)  # this disk's copy only: the scrub never downloads
+        if path is None:
+            return
+        try:
+            st = os.stat(path)
+            key = (etag, st.st_mtime_ns, st.st_size, st.st_ino)
+            if key in self._scrubbed and not sweep:
+                return
+            ok = await asyncio.to_thread(hash_file, path, etag, st.st_size, pace=pacer)
+        except FileNotFoundError:
+            return  # evicted meanwhile
+        if ok:
+            self._remember_good(key)
+            return
+        self.metrics.integrity_failures.inc()
+        log.error("scrub: stored blob %s does not match its etag (corrupted on disk): removed, the next request "
+                  "fetches it again", etag)
+        await self.store.delete(etag)
+
     def _update_gauges(self, blobs: list[BlobInfo]) -> None:
         self.metrics.cache_bytes.set(sum(b.size for b in blobs))
         self.metrics.cache_blobs.set(len(blobs))
 
     async def status(self, settings: Settings, upstream: UpstreamClient, fills: FillManager) -> dict[str, Any]:
-        blobs = await self.blobs()
-        self._update_gauges(blobs)
+        usage = await self.snapshot()
         counts: dict[str, float] = defaultdict(float)
         for metric in self.metrics.requests.collect():
             for sample in metric.samples:
@@ -256,8 +414,9 @@ class CacheManager:
             "upstream": {"url": settings.upstream_display, "healthy": upstream.healthy,
                          "last_error": upstream.last_error},
             "offline": settings.offline,
-            "cache_bytes": sum(b.size for b in blobs),
-            "cache_blobs": len(blobs),
+            "cache_bytes": usage.total_bytes,
+            "cache_blobs": usage.total_blobs,
+            "index_bytes": self.index.volume(),
             "max_size": settings.max_size,
             "hits": int(counts["hit"]), "misses": int(counts["miss"]), "stale": int(counts["stale"]),
             "hit_ratio": (counts["hit"] / served) if served else 0.0,
@@ -265,7 +424,7 @@ class CacheManager:
                       for f in fills.active],
             "repos": [{"type": u.type, "id": u.repo_id, "bytes": u.bytes, "files": u.files, "pinned": u.pinned,
                        "last_access": time.strftime("%Y-%m-%d %H:%M", time.localtime(u.last_access))}
-                      for u in await self.usage()],
+                      for u in usage.repos],
         }
 
 

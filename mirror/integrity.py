@@ -7,6 +7,7 @@ the hot tier, cache maintenance re-hashes blobs (verify, import).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 from mirror import hf
@@ -33,12 +34,16 @@ class BlobHasher:
         return self._hash is None or self._hash.hexdigest() == self.etag
 
 
-def hash_file(path: Path, etag: str, size: int, chunk: int = 4 * 1024 * 1024) -> bool:
-    """Re-hash a file against its etag (used by verify, import and resume)."""
+def hash_file(path: Path, etag: str, size: int, chunk: int = 4 * 1024 * 1024,
+              pace: Callable[[int], None] | None = None) -> bool:
+    """Re-hash a file against its etag (used by verify, import, resume and the scrub). ``pace(n)`` is called after
+    each block read (the scrub sleeps there to keep its disk reads under a rate)."""
     hasher = BlobHasher(etag, size)
     total = 0
     with open(path, "rb") as f:
         while block := f.read(chunk):
             hasher.update(block)
             total += len(block)
+            if pace is not None:
+                pace(len(block))
     return total == size and hasher.matches()

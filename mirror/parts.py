@@ -49,7 +49,9 @@ class Parts:
         """What a server does at startup: open the store, drop stale partial files, run the quota's gc loop."""
         await self.open()
         await self.cache.sweep_partials()
-        if self.settings.max_size and self.settings.gc_interval > 0:
+        if self.settings.scrub_rate > 0:
+            self._tasks.append(asyncio.create_task(self.cache.run_scrub(self.settings.scrub_rate)))
+        if self.settings.gc_interval > 0:
             self._tasks.append(asyncio.create_task(self.cache.run_periodically(self.settings.gc_interval)))
 
     async def aclose(self, grace: float | None = None) -> None:
@@ -84,7 +86,9 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     cache = CacheManager(store, index, metrics, max_size=settings.max_size, is_busy=_busy(store, fills),
                          root=settings.cache_dir, min_free_space=settings.min_free_space or 0,
                          evicts_for_disk=settings.storage == "local")
-    service = MirrorService(settings, index, store, upstream, fills, access, metrics, make_room=cache.make_room)
+    service = MirrorService(settings, index, store, upstream, fills, access, metrics, make_room=cache.make_room,
+                            on_hit=cache.suspect if settings.scrub_rate else None)
+    fills.on_commit.append(lambda spec: cache.verified(spec.etag))  # a fill verified it: no first-hit re-hash
     return Parts(settings, metrics, store, index, upstream, fills, access, cache, service)
 
 

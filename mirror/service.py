@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -91,7 +92,8 @@ class ApiResult:
 class MirrorService:
     def __init__(self, settings: Settings, index: MetadataIndex, store: BlobStore, upstream: UpstreamClient,
                  fills: FillManager, access: AccessPolicy, metrics: Metrics,
-                 make_room: Callable[[int, int], Awaitable[bool]] | None = None) -> None:
+                 make_room: Callable[[int, int], Awaitable[bool]] | None = None,
+                 on_hit: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self.index = index
         self.store = store
@@ -100,6 +102,7 @@ class MirrorService:
         self.access = access
         self.metrics = metrics
         self.make_room = make_room
+        self.on_hit = on_hit  # a stored blob was served: the scrub checks it (once per file, in the background)
 
     # --- files -----------------------------------------------------------------------------------------------------
 
@@ -189,7 +192,10 @@ class MirrorService:
         entry = resolved.entry
         stale = resolved.outcome is _STALE
         path = self.store.cached_path(entry.etag)
-        if path is not None:
+        if path is not None and await self._intact(str(path), entry):
+            await self.store.touch(entry.etag)  # least recently *used* goes first when the quota needs room
+            if self.on_hit is not None:
+                self.on_hit(entry.etag)
             return Cached(str(path), _STALE if stale else _HIT)
         if self.settings.offline and await self.store.stat(entry.etag) is None:
             raise OfflineMiss(f"{entry.path} is not cached and the mirror is offline")
@@ -211,6 +217,20 @@ class MirrorService:
             # A Range far beyond what the fill has: relay it from upstream while the fill goes on.
             return Relay(resolved, caller.token, start, end, _STALE if stale else _MISS)
         return Filling(fill, _STALE if stale else _MISS)
+
+    async def _intact(self, path: str, entry: FileEntry) -> bool:
+        """The cheap check on every hit: a stored blob of the wrong size is never served; it is removed and
+        fetched again. (A same-size corruption is the scrub's: see CacheManager.suspect.)"""
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            return False
+        if size == entry.size:
+            return True
+        self.metrics.integrity_failures.inc()
+        log.error("stored blob %s is %d bytes, not %d: removed, fetching it again", entry.etag, size, entry.size)
+        await self.store.delete(entry.etag)
+        return False
 
     @asynccontextmanager
     async def relay_file(self, relay: Relay, chunk_size: int) -> AsyncIterator[AsyncIterator[bytes]]:

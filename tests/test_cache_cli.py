@@ -33,6 +33,10 @@ OTHER = "acme/big-data"  # the unpinned repo of the eviction test
 OTHER_SIZE = 2 * 1024 * 1024
 
 
+def sha1_git(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -127,6 +131,31 @@ def test_verify_finds_removes_and_sync_refetches_a_corrupt_blob(synced: Path, em
     assert sha(blob_path(cache, lfs_etag).read_bytes()) == lfs_etag
 
 
+def test_a_blob_corrupted_on_disk_is_never_served_twice(synced: Path, emu: Any, hub: Hub, tmp_path: Path) -> None:
+    """A size change is caught on the hit itself; a same-size corruption by the scrub's first-hit check: the next
+    request gets the right bytes, fetched again."""
+    cache = copy_cache(synced, tmp_path)
+    lfs_etag = hub.files("model", MODEL, "main")["model.safetensors"][0]
+    cfg_etag = hub.files("model", MODEL, "main")["config.json"][0]
+    truncated = blob_path(cache, cfg_etag)
+    truncated.write_bytes(truncated.read_bytes()[:-3])
+    flipped = blob_path(cache, lfs_etag)
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    flipped.write_bytes(bytes(data))
+    with MirrorProcess(emu.url, cache) as mirror:
+        cfg = httpx.get(f"{mirror.url}/{MODEL}/resolve/main/config.json", timeout=30)
+        assert cfg.status_code == 200 and sha1_git(cfg.content) == cfg_etag  # never the short file
+        httpx.get(f"{mirror.url}/{MODEL}/resolve/main/model.safetensors", timeout=30)  # maybe the bad bytes, once
+        deadline = time.monotonic() + 20
+        while blob_path(cache, lfs_etag).exists() and sha(blob_path(cache, lfs_etag).read_bytes()) != lfs_etag:
+            assert time.monotonic() < deadline, "the scrub did not catch the corrupt blob"
+            time.sleep(0.2)
+        again = httpx.get(f"{mirror.url}/{MODEL}/resolve/main/model.safetensors", timeout=30)
+        assert again.status_code == 200 and sha(again.content) == lfs_etag
+        assert "does not match its etag" in mirror.log()
+
+
 def test_quota_evicts_unpinned_lru_and_keeps_pinned(synced: Path, emu: Any, hub: Hub, tmp_path: Path) -> None:
     cache = copy_cache(synced, tmp_path)
     pinned_blobs = blobs_in(cache)
@@ -170,6 +199,24 @@ def test_server_enforces_the_quota_periodically(synced: Path, emu: Any, hub: Hub
     assert du(cache)["blob_bytes"] <= pinned_bytes + OTHER_SIZE // 2
     assert pinned_blobs <= blobs_in(cache)
     assert (other_blobs - pinned_blobs) - blobs_in(cache)  # the unpinned repo lost blobs
+
+
+def test_the_quota_holds_while_serving(emu: Any, tmp_path: Path) -> None:
+    """Each fill makes room before it starts: right after every download, the blobs are within --max-size (no
+    periodic pass runs: its interval is the default 600 s)."""
+    size = 3 * 1000 * 1000
+    files = {f"quota/q{i}.bin": bytes([i]) * size for i in range(5)}
+    emu.push("model", "gpt2", "main", files)  # a repo no other test of this module reads
+    cache = tmp_path / "cache"
+    quota = 7 * 1000 * 1000
+    with MirrorProcess(emu.url, cache, "--max-size", str(quota)) as mirror:
+        for path, data in files.items():
+            response = httpx.get(f"{mirror.url}/gpt2/resolve/main/{path}", timeout=30)
+            assert response.status_code == 200 and response.content == data
+            assert du(cache)["blob_bytes"] <= quota, path
+        evicted = httpx.get(f"{mirror.url}/gpt2/resolve/main/quota/q0.bin", timeout=30)  # evicted: fetched again
+        assert evicted.status_code == 200 and evicted.content == files["quota/q0.bin"]
+        assert du(cache)["blob_bytes"] <= quota
 
 
 CLIENT_DOWNLOADS = f"""

@@ -39,6 +39,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
         help="UNSAFE on a shared network: callers that send no token read what the service token can read")
     add("--workers", type=int, help="worker processes (default 1); they share one cache and one fill per file")
     add("--max-size", help="disk quota for blobs, e.g. 500G; least recently used unpinned blobs are evicted")
+    add("--gc-interval", type=float, help="seconds between periodic passes that check the quota against what every "
+        "worker wrote and drop expired index entries (default 600; fills keep the quota as they start)")
     add("--min-free-space", help="free disk a new fill must leave, e.g. 10G (default 256M): short of it, old blobs "
         "are evicted, else the file is relayed without being stored")
     add("--storage", choices=("local", "s3"),

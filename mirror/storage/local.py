@@ -49,7 +49,7 @@ class LocalBlobStore:
             st = os.stat(self.blob_path(etag))
         except FileNotFoundError:
             return None
-        return BlobInfo(etag, st.st_size, st.st_mtime)
+        return BlobInfo(etag, st.st_size, _last_access(st))
 
     async def stat(self, etag: str) -> BlobInfo | None:
         return self.stat_sync(etag)
@@ -92,26 +92,28 @@ class LocalBlobStore:
         return True
 
     async def list_blobs(self) -> AsyncIterator[BlobInfo]:
-        for shard in sorted(self.blobs_dir.iterdir()) if self.blobs_dir.exists() else []:
-            if not shard.is_dir():
-                continue
-            for entry in os.scandir(shard):
-                if entry.is_file(follow_symlinks=False) and not entry.name.startswith("."):
-                    st = entry.stat(follow_symlinks=False)
-                    yield BlobInfo(entry.name, st.st_size, st.st_mtime)
+        # Directory scans run in a thread, one shard at a time: a million blobs must not stall the event loop.
+        shards = await asyncio.to_thread(self._shards)
+        for shard in shards:
+            for info in await asyncio.to_thread(_scan_shard, shard):
+                yield info
 
-    def touch_sync(self, etag: str, mtime: float) -> None:
-        now = time.time()
-        if now - mtime > _TOUCH_EVERY:
-            try:
-                os.utime(self.blob_path(etag), (now, now))
-            except OSError:
-                pass
+    def _shards(self) -> list[Path]:
+        if not self.blobs_dir.exists():
+            return []
+        return sorted(shard for shard in self.blobs_dir.iterdir() if shard.is_dir())
 
     async def touch(self, etag: str) -> None:
-        info = self.stat_sync(etag)
-        if info is not None:
-            self.touch_sync(etag, info.last_access)
+        """A hit: the blob's last use is now (at most once a minute). Only the access time moves: the modification
+        time stays the commit's, so the scrub knows this file as the one it checked."""
+        path = self.blob_path(etag)
+        try:
+            st = os.stat(path)
+            now = time.time()
+            if now - _last_access(st) > _TOUCH_EVERY:
+                os.utime(path, (now, st.st_mtime))
+        except OSError:
+            pass
 
     # --- leases ---------------------------------------------------------------------------------------------------
 
@@ -211,3 +213,17 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _scan_shard(shard: Path) -> list[BlobInfo]:
+    found = []
+    for entry in os.scandir(shard):
+        if entry.is_file(follow_symlinks=False) and not entry.name.startswith("."):
+            st = entry.stat(follow_symlinks=False)
+            found.append(BlobInfo(entry.name, st.st_size, _last_access(st)))
+    return found
+
+
+def _last_access(st: os.stat_result) -> float:
+    """When a blob was last used: its commit (mtime) or its last hit (atime, set by ``touch``)."""
+    return max(st.st_atime, st.st_mtime)
