@@ -154,9 +154,25 @@ class ViewerService:
         route = f"hub-parquet:{config or ''}/{split}/{name}"
         result = await self._cached(repo, route, "", caller, self.settings.offline,
                                     lambda: self.upstream.hub(path, caller.token), resolve_error=False)
+        if result is None and not name:
+            result = await self._derived_listing(repo, config, split, caller)
         if result is None:
             raise ViewerNotFound(f"{path} is not cached on this mirror and the mirror is offline")
         return result
+
+    async def _derived_listing(self, repo: hf.RepoRef, config: str | None, split: str,
+                               caller: Caller) -> ViewerResult | None:
+        """Offline, a config's or a split's listing cut out of the cached whole listing."""
+        whole = self._pick(repo, "hub-parquet://", "")
+        if whole is None or whole.status != 200 or not config:
+            return None
+        try:
+            data = json.loads(whole.body)
+            part = data[config] if not split else data[config][split]
+        except (ValueError, KeyError, TypeError):
+            raise ViewerNotFound(f"{config}/{split} is not in the cached parquet listing of {repo.repo_id}") from None
+        await self._check_access(repo, caller)
+        return ViewerResult(200, (("content-type", "application/json"),), json.dumps(part).encode(), Outcome.HIT)
 
     def _branch_redirect(self, repo: hf.RepoRef, config: str, split: str, n: int) -> str | None:
         """The resolve path of the ``n``-th parquet file of ``config/split`` in the cached conversion branch."""
