@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote
 
 from mirror.asgi import Receive, Scope, Send, answer_lifespan, read_body, send_response
+from tests.hub_emulator import viewer as viewer_host
 from tests.hub_emulator.fixtures import (
     CREATED_AT,
     LAST_MODIFIED,
@@ -60,6 +61,7 @@ class Faults:
     # new one; keys and values are repo ids of models.
     renamed: dict[str, str] = field(default_factory=dict)
     echo_auth_in_error: bool = False  # Hub host answers 400 echoing the Authorization header (and a cookie)
+    viewer_down: bool = False  # the dataset viewer's host answers 503 (the Hub itself stays up)
 
 
 class Response(Exception):
@@ -82,6 +84,8 @@ class Emulator:
     url_ttl: float = 300.0
     page_size: int = 1000
     cdn_port: int = 0
+    hub_port: int = 0
+    viewer_port: int = 0  # the dataset viewer's host (also: any request whose Host is datasets-server.*)
     faults: Faults = field(default_factory=Faults)
     counts: Counter[str] = field(default_factory=Counter)
     fetches: Counter[str] = field(default_factory=Counter)
@@ -100,12 +104,15 @@ class Emulator:
         method, raw = scope["method"], scope["raw_path"].decode("latin-1")
         query = parse_qs(scope.get("query_string", b"").decode(), keep_blank_values=True)
         is_cdn = scope["server"][1] == self.cdn_port
+        is_viewer = (scope["server"][1] == self.viewer_port and self.viewer_port != 0) or headers.get(
+            "host", "").startswith("datasets-server.")
         self.counts["requests"] += 1
-        self.log.append(f"{'cdn' if is_cdn else 'hub'} {method} {raw}")
+        host = "cdn" if is_cdn else "viewer" if is_viewer else "hub"
+        self.log.append(f"{host} {method} {raw}")
         del self.log[:-500]
         if not raw.startswith("/_emulator/"):
             query_string = scope.get("query_string", b"").decode("latin-1")
-            self.requests.append({"host": "cdn" if is_cdn else "hub", "method": method,
+            self.requests.append({"host": host, "method": method,
                                   "path": raw + (f"?{query_string}" if query_string else ""),
                                   "auth": headers.get("authorization")})
         try:
@@ -113,6 +120,8 @@ class Emulator:
                 raise self.control(method, raw, body)
             if self.faults.down:
                 raise hub_error(503, None, "emulated outage")
+            if is_viewer:
+                raise self.viewer(method, raw, query, headers)
             if is_cdn:
                 if "authorization" in headers:
                     self.counts["cdn_requests_with_auth"] += 1
@@ -124,6 +133,31 @@ class Emulator:
             await send_response(send, method, answer.status, answer.headers, answer.body)
             return
         await self.send_file(send, method, file, start, end, status, out)
+
+    def viewer(self, method: str, raw: str, query: dict[str, list[str]], headers: Headers) -> Response:
+        """The dataset viewer's host (tests.hub_emulator.viewer)."""
+        self.counts["viewer"] += 1
+        if self.faults.viewer_down:
+            return hub_error(503, None, "emulated viewer outage")
+        endpoint = raw.split("?")[0].strip("/")
+        if method not in ("GET", "HEAD") or endpoint not in viewer_host.ENDPOINTS:
+            return hub_error(404, "ResponseNotFound", "Not found.")
+        dataset = (query.get("dataset") or [""])[0]
+        if not dataset:
+            return hub_error(422, "MissingRequiredParameter", "Parameter 'dataset' is required")
+        token = headers.get("authorization", "").removeprefix("Bearer ").strip() or None
+        if token and token not in VALID_TOKENS:
+            return hub_error(401, None, "Invalid credentials in Authorization header")
+        try:
+            repo = self.readable_repo("dataset", dataset, token)
+        except Response as answer:
+            return answer
+        try:
+            viewer_host.viewer(repo, endpoint, query, f"http://127.0.0.1:{self.hub_port}")
+        except viewer_host.ViewerAnswer as answer:
+            return Response(answer.status, {"content-type": "application/json", **answer.headers},
+                            json.dumps(answer.body).encode())
+        raise AssertionError("unreachable")
 
     async def hub_faults(self, headers: Headers) -> None:
         if self.faults.latency_s:
@@ -318,6 +352,15 @@ class Emulator:
                                   "x-xet-token-expiration": str(int(time.time()) + 600),
                                   "content-type": "application/json"}, b"{}")
         repo = self.readable_repo(repo_type, repo_id, token)
+        if action == "parquet" and repo_type == "dataset":
+            self.counts["api_parquet"] += 1
+            try:
+                viewer_host.hub_parquet(repo, [unquote(a) for a in args], f"http://{headers.get('host', '')}")
+            except viewer_host.ViewerAnswer as answer:
+                if answer.status == 302:
+                    return Response(302, answer.headers)
+                return Response(answer.status, {"content-type": "application/json", **answer.headers},
+                                json.dumps(answer.body).encode())
         if action == "refs":
             return json_response(self.refs(repo, bool(query.get("include_prs"))))
         if action in ("", "revision"):
@@ -365,7 +408,8 @@ class Emulator:
             return {"name": name, "ref": f"refs/{kind}/{name}", "targetCommit": sha}
 
         out: dict[str, Any] = {"branches": [ref("heads", n, s) for n, s in repo.branches.items()],
-                               "converts": [], "tags": [ref("tags", n, s) for n, s in repo.tags.items()]}
+                               "converts": [ref("convert", n, s) for n, s in repo.converts.items()],
+                               "tags": [ref("tags", n, s) for n, s in repo.tags.items()]}
         if include_prs:
             out["pullRequests"] = [{"name": n.rsplit("/", 1)[-1], "ref": n, "targetCommit": s}
                                    for n, s in repo.prs.items()]

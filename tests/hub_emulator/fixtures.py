@@ -95,6 +95,7 @@ class Repo:
     branches: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     prs: dict[str, str] = field(default_factory=dict)  # "refs/pr/1" -> sha
+    converts: dict[str, str] = field(default_factory=dict)  # "parquet" -> sha (refs/convert/parquet)
 
     def add_commit(self, files: dict[str, RepoFile], title: str) -> Commit:
         digest = hashlib.sha1(f"{self.repo_type}/{self.repo_id}/{len(self.commits)}/{title}".encode())
@@ -109,6 +110,8 @@ class Repo:
         for refs in (self.branches, self.tags, self.prs):
             if rev in refs:
                 return self.commits[refs[rev]]
+        if rev.startswith("refs/convert/") and rev.removeprefix("refs/convert/") in self.converts:
+            return self.commits[self.converts[rev.removeprefix("refs/convert/")]]
         if rev in self.commits:
             return self.commits[rev]
         if len(rev) >= 7 and all(c in "0123456789abcdef" for c in rev):
@@ -139,12 +142,19 @@ def _rows(n: int, seed: int) -> list[dict[str, Any]]:
              "label": rng.randint(0, 1)} for i in range(n)]
 
 
-def _parquet(rows: list[dict[str, Any]]) -> bytes:
+ROW_FEATURES = {"id": {"dtype": "int64", "_type": "Value"}, "text": {"dtype": "string", "_type": "Value"},
+                "label": {"dtype": "int64", "_type": "Value"}}
+
+
+def _parquet(rows: list[dict[str, Any]], hf_meta: bool = False) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     buf = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(rows), buf, row_group_size=64)
+    table = pa.Table.from_pylist(rows)
+    if hf_meta:  # what datasets (and the Hub's conversion) writes: the features, in the schema's metadata
+        table = table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": ROW_FEATURES}})})
+    pq.write_table(table, buf, row_group_size=64)
     return buf.getvalue()
 
 
@@ -249,6 +259,16 @@ def build_repos(workdir: Path, big_file_size: int) -> dict[tuple[str, str], Repo
                                                       lfs=True),
     }, "init")
     parquet.branches["main"] = commit.sha
+    # The Hub's parquet conversion of it (issue 20): refs/convert/parquet, {config}/{split}/NNNN.parquet, with the
+    # `huggingface` schema metadata that datasets writes.
+    convert = parquet.add_commit({
+        ".gitattributes": make_file(".gitattributes", GITATTRIBUTES),
+        "default/train/0000.parquet": make_file("default/train/0000.parquet", _parquet(_rows(200, 1), hf_meta=True),
+                                                lfs=True),
+        "default/test/0000.parquet": make_file("default/test/0000.parquet", _parquet(_rows(50, 2), hf_meta=True),
+                                               lfs=True),
+    }, "Update parquet files")
+    parquet.converts["parquet"] = convert.sha
     jsonl = add(Repo("dataset", "acme/tiny-jsonl"))
     commit = jsonl.add_commit({"train.jsonl": make_file("train.jsonl", _jsonl(_rows(30, 3))),
                                "test.jsonl": make_file("test.jsonl", _jsonl(_rows(10, 4)))}, "init")

@@ -24,7 +24,7 @@ class EmulatorHandle:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.files = Fixtures(workdir, big_file_size)  # also writes the big file, before the server starts
-        self.port, self.cdn_port = free_port(), free_port()
+        self.port, self.cdn_port, self.viewer_port = free_port(), free_port(), free_port()
         self.args = ["--page-size", str(page_size), "--big-file-size", str(big_file_size), "--url-ttl", str(url_ttl)]
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "emulator.log"
@@ -32,6 +32,11 @@ class EmulatorHandle:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def viewer_url(self) -> str:
+        """The dataset viewer's host (what ``datasets-server.<hub>`` is on the real Hub)."""
+        return f"http://127.0.0.1:{self.viewer_port}"
 
     @property
     def cdn_url(self) -> str:
@@ -42,7 +47,8 @@ class EmulatorHandle:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child from here on
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.hub_emulator", "--port", str(self.port), "--cdn-port", str(self.cdn_port),
-             "--workdir", str(self.workdir), *self.args], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+             "--viewer-port", str(self.viewer_port), "--workdir", str(self.workdir), *self.args],
+            cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
