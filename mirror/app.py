@@ -27,9 +27,23 @@ from mirror.metrics import Metrics
 from mirror.parts import build_parts
 from mirror.routes import ops
 from mirror.routes.api import ApiHandler
-from mirror.routes.common import CORS_HEADERS, Receive, Scope, Send, bearer_token, send_error, send_preflight
+from mirror.routes.common import (
+    CORS_HEADERS,
+    Receive,
+    Scope,
+    Send,
+    bearer_token,
+    query_pairs,
+    send_error,
+    send_preflight,
+)
 from mirror.routes.peer import PeerFillHandler
 from mirror.routes.resolve import ResolveHandler
+from mirror.routes.viewer import ViewerHandler, is_viewer_host, viewer_target
+from mirror.routes.warm import WarmHandler
+from mirror.sync.warm import WarmJobs
+from mirror.upstream.viewer import ViewerUpstream
+from mirror.viewer import ViewerService
 
 log = logging.getLogger("hf_mirror")
 # Operations routes that show repo names and traffic: in mirror-auth mode, for mirror-token holders only.
@@ -55,11 +69,18 @@ class Mirror:
         self.api = ApiHandler(self.service, metrics, max_paths_info=settings.max_paths_info,
                               max_relay_bytes=settings.max_api_body, body_timeout=settings.header_timeout)
         self.peer = PeerFillHandler(self.fills, metrics, chunk_size=settings.serve_chunk_size)
+        self.warm_jobs = WarmJobs(self.parts)  # warm on request, on the nightly sync's engine (mirror.sync.warm)
+        self.warm = WarmHandler(self.warm_jobs, body_timeout=settings.header_timeout)
+        # The dataset viewer's host and the Hub's parquet routes (issue 20): mirror.viewer.
+        self.viewer = ViewerHandler(ViewerService(settings, self.index, self.access,
+                                                  ViewerUpstream(self.upstream, settings.viewer_upstream or ""),
+                                                  metrics), metrics)
 
     async def start(self) -> None:
         await self.parts.start()
 
     async def close(self) -> None:
+        await self.warm_jobs.aclose()
         await self.parts.aclose()
 
     async def status(self) -> dict[str, Any]:
@@ -146,6 +167,16 @@ class MirrorApp:
             if sum(len(k) + len(v) for k, v in scope["headers"]) > self.settings.max_header_bytes:
                 raise HeadersTooLarge(f"request headers exceed {self.settings.max_header_bytes} bytes")
             hf.check_canonical(raw_path)
+            if is_viewer_host(scope):  # datasets-server.<this host>: the viewer's routes only, never relayed
+                if method == "OPTIONS":
+                    await send_preflight(send, ("GET", "HEAD"))
+                    return "options"
+                if method not in ("GET", "HEAD"):
+                    raise MethodNotAllowed(f"{method} is not allowed here: this mirror is read-only")
+                query = query_pairs(scope)
+                endpoint, dataset = viewer_target(raw_path, query)
+                return await self.mirror.viewer.viewer(scope, send, endpoint, dataset, query,
+                                                       self.caller(scope, dataset))
             if raw_path.startswith(PEER_ROUTE):  # another node of the fleet; its lease token stands for auth
                 return await self.mirror.peer(scope, receive, send, raw_path[len(PEER_ROUTE):])
             route = hf.classify(raw_path)
@@ -160,7 +191,12 @@ class MirrorApp:
                 return await self.mirror.resolve(scope, receive, send, route.resolve, caller)
             if route.api is not None:
                 caller = self.caller(scope, route.api.repo)
+                if route.api.sub == "parquet":  # the parquet conversion's listing and files (mirror.viewer)
+                    return await self.mirror.viewer.hub_parquet(scope, send, route.api, caller)
                 return await self.mirror.api(scope, receive, send, raw_path, route.api, caller)
+            if route.kind is hf.RouteKind.MIRROR:  # warm and ready: the repo named in the request is authorized
+                return await self.mirror.warm(scope, receive, send, raw_path,
+                                              lambda repo: self.caller(scope, repo))
             if route.kind in (hf.RouteKind.LISTING, hf.RouteKind.LOCAL):
                 return await self.mirror.api(scope, receive, send, raw_path, None, self.caller(scope, None))
             if route.kind is hf.RouteKind.OPS and raw_path.rstrip("/") in _GUARDED_OPS and self.settings.auth_required:

@@ -259,6 +259,7 @@ class RouteKind(StrEnum):
     LISTING = "listing"  # a repo-less read route, relayed with the caller's own token
     LOCAL = "local"  # answered by the mirror itself (agent-harnesses)
     OPS = "ops"  # the mirror's own pages: status, metrics, healthz, docs
+    MIRROR = "mirror"  # the mirror's own API: warm on request, readiness (writes to the mirror, never upstream)
     UNKNOWN = "unknown"  # refused
 
 
@@ -285,6 +286,10 @@ def classify(raw_path: str) -> Route:
         return Route(RouteKind.OPS)
     if path == "/api/agent-harnesses":
         return Route(RouteKind.LOCAL)
+    if path == "/api/mirror/warm":
+        return Route(RouteKind.MIRROR, methods=("POST",))
+    if path == "/api/mirror/ready" or (path.startswith("/api/mirror/warm/") and path.count("/") == 4):
+        return Route(RouteKind.MIRROR)
     if path in API_LISTING_ROUTES:
         return Route(RouteKind.LISTING)
     if raw_path.startswith("/api/"):

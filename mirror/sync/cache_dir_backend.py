@@ -26,7 +26,7 @@ from mirror.config import Settings
 from mirror.errors import MirrorError
 from mirror.fill import Fill, FillManager, FillSpec
 from mirror.index import ApiEntry, FileEntry
-from mirror.parts import build_parts
+from mirror.parts import Parts, build_parts
 from mirror.service import ApiResult, _normalise_query
 from mirror.sync.jobs import RemoteFile, RevisionJob, tree_files
 from mirror.sync.listings import LS_QUERY, PROBED_PATHS, TREE_QUERY, listing_pages, next_query
@@ -57,12 +57,14 @@ class CacheDirBackend:
 
     pins_supported = True
 
-    def __init__(self, settings: Settings, *, dry_run: bool) -> None:
+    def __init__(self, settings: Settings, *, dry_run: bool, parts: Parts | None = None) -> None:
+        """``parts``: a running server's (warm on request, :mod:`mirror.sync.warm`); by default its own."""
         self.settings = settings
         self.dry_run = dry_run
         self.default_token = settings.upstream_token
-        self.parts = build_parts(settings, fill_manager=CountingFillManager)  # the server's wiring, store included
-        assert isinstance(self.parts.fills, CountingFillManager)
+        self._owns_parts = parts is None
+        # The server's wiring, store included.
+        self.parts = parts if parts is not None else build_parts(settings, fill_manager=CountingFillManager)
         self.fills = self.parts.fills
         self.metrics = self.parts.metrics
         self.store = self.parts.store
@@ -196,7 +198,9 @@ class CacheDirBackend:
             if not task.done():
                 task.cancel()
         progress(item.size)
-        return self.fills.downloaded.pop(item.etag, 0)  # 0: another process (a server) filled it meanwhile
+        if isinstance(self.fills, CountingFillManager):
+            return self.fills.downloaded.pop(item.etag, 0)  # 0: another process (a server) filled it meanwhile
+        return item.size
 
     def pin(self, manifest: Manifest) -> None:
         self.index.set_pins([spec.repo for spec in manifest.repos], source=manifest.source)
@@ -207,4 +211,5 @@ class CacheDirBackend:
 
     async def aclose(self) -> None:
         # Fills are done when the run ends normally; on an interrupt they are cancelled now (and stay resumable).
-        await self.parts.aclose(grace=0.5)
+        if self._owns_parts:
+            await self.parts.aclose(grace=0.5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -63,7 +64,9 @@ async def _plan(backend: Backend, job: RevisionJob, reporter: Reporter) -> None:
 
 
 async def run_sync(manifest: Manifest, backend: Backend, reporter: Reporter, *, concurrency: int,
-                   dry_run: bool) -> SyncResult:
+                   dry_run: bool, on_planned: Callable[[list[RevisionJob]], None] | None = None) -> SyncResult:
+    """Plan every job, then fetch each missing blob once. ``on_planned``: told the planned jobs (a warm job's
+    totals come from there)."""
     started = time.monotonic()
     jobs = [RevisionJob(spec, revision) for spec in manifest.repos for revision in spec.revisions]
     plan_limit = asyncio.Semaphore(max(1, min(concurrency, 4)))
@@ -73,6 +76,8 @@ async def run_sync(manifest: Manifest, backend: Backend, reporter: Reporter, *, 
             await _plan(backend, job, reporter)
 
     await asyncio.gather(*(plan(job) for job in jobs))
+    if on_planned is not None:
+        on_planned(jobs)
     if not dry_run and backend.pins_supported:
         backend.pin(manifest)
 

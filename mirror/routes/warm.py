@@ -1,0 +1,124 @@
+"""``POST /api/mirror/warm``, ``GET /api/mirror/warm/{id}``, ``GET /api/mirror/ready``: warm on request.
+
+The JSON in and out is the mirror's own API (not the Hub's); errors keep the Hub's shape. The work is
+:mod:`mirror.sync.warm`'s; the caller's identity comes from the app, checked against the repo the request names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+from mirror import hf
+from mirror.access import Caller
+from mirror.errors import BadRequest, MirrorError, RouteNotFound
+from mirror.routes.common import Receive, Scope, Send, header, query_pairs, send_error
+from mirror.sync.warm import WarmJobs, WarmRequest
+
+_MAX_BODY = 64 * 1024
+_MAX_PATTERNS = 200
+Authorize = Callable[[hf.RepoRef], Caller]  # the caller, after the lists and the mirror token allow the repo
+
+
+class UnsupportedMediaType(MirrorError):
+    status = 415
+    code = "UnsupportedMediaType"
+
+
+class WarmHandler:
+    def __init__(self, jobs: WarmJobs, *, body_timeout: float) -> None:
+        self.jobs = jobs
+        self.body_timeout = body_timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, raw_path: str,
+                       authorize: Authorize) -> str:
+        try:
+            path = raw_path.rstrip("/")
+            if path == "/api/mirror/warm":
+                request = _request(await self._json_body(scope, receive))
+                job = await self.jobs.submit(request, authorize(request.repo))
+                await _send_json(send, 202, {"id": job.id, "commit": job.commit})
+                return "warm"
+            if path == "/api/mirror/ready":
+                query = query_pairs(scope)
+                fields: dict[str, Any] = {k: v for k, v in query if k in ("repo", "type", "revision")}
+                for key in ("allow_patterns", "ignore_patterns"):
+                    values = [v for k, v in query if k == key]
+                    if values:
+                        fields[key] = values
+                request = _request(fields)
+                readiness = await self.jobs.ready(request, authorize(request.repo))
+                await _send_json(send, 200 if readiness.ready else 503, readiness.as_json(),
+                                 head=scope["method"] == "HEAD")
+                return "ready" if readiness.ready else "not-ready"
+            job = self.jobs.get(path.rsplit("/", 1)[-1])
+            if job is None:
+                raise RouteNotFound("no such warm job (jobs are kept in memory, the last 1000)")
+            authorize(job.request.repo)
+            await _send_json(send, 200, job.as_json(), head=scope["method"] == "HEAD")
+            return "warm-status"
+        except MirrorError as exc:
+            await send_error(send, exc, head=scope["method"] == "HEAD")
+            return "error"
+
+    async def _json_body(self, scope: Scope, receive: Receive) -> Any:
+        # JSON only: a browser must preflight it, so no page on another origin can start jobs with a plain form.
+        if "json" not in (header(scope, b"content-type") or ""):
+            raise UnsupportedMediaType("send the warm request as application/json")
+        body = bytearray()
+        try:
+            async with asyncio.timeout(self.body_timeout):
+                while True:
+                    message = await receive()
+                    body += message.get("body", b"")
+                    if len(body) > _MAX_BODY:
+                        raise BadRequest(f"request body over {_MAX_BODY} bytes")
+                    if not message.get("more_body"):
+                        break
+        except TimeoutError:
+            raise BadRequest(f"request body not received within {self.body_timeout:g} s") from None
+        try:
+            return json.loads(body or b"{}")
+        except ValueError:
+            raise BadRequest("request body is not valid JSON") from None
+
+
+def _request(data: Any) -> WarmRequest:
+    """A warm or ready request from JSON or query fields, each checked: a clear 400 for bad input."""
+    if not isinstance(data, dict):
+        raise BadRequest('expected a JSON object: {"repo": "org/name", "type": "model", "revision": "main"}')
+    unknown = sorted(set(data) - {"repo", "type", "revision", "allow_patterns", "ignore_patterns"})
+    if unknown:
+        raise BadRequest(f"unknown field(s): {', '.join(unknown)}")
+    repo_id = data.get("repo")
+    if not isinstance(repo_id, str) or not repo_id:
+        raise BadRequest('"repo" is required, e.g. "org/name"')
+    kind = data.get("type", "model")
+    if kind not in ("model", "dataset", "space"):
+        raise BadRequest('"type" must be "model", "dataset" or "space"')
+    revision = data.get("revision", "main")
+    if not isinstance(revision, str):
+        raise BadRequest('"revision" must be a string')
+    return WarmRequest(hf.RepoRef(hf.RepoType(kind), hf.validate_repo_id(repo_id)), hf.validate_revision(revision),
+                       _patterns(data.get("allow_patterns"), "allow_patterns"),
+                       _patterns(data.get("ignore_patterns"), "ignore_patterns"))
+
+
+def _patterns(value: Any, name: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if (not isinstance(value, list) or len(value) > _MAX_PATTERNS
+            or not all(isinstance(p, str) and 0 < len(p) <= 256 for p in value)):
+        raise BadRequest(f'"{name}" must be a list of at most {_MAX_PATTERNS} glob patterns')
+    return tuple(value)
+
+
+async def _send_json(send: Send, status: int, data: Any, *, head: bool = False) -> None:
+    body = json.dumps(data).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": b"" if head else body})
