@@ -31,8 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import scan_cache_dir
+from huggingface_hub.file_download import repo_folder_name as hub_repo_folder_name
+
 from mirror import hf
 from mirror.access import AccessPolicy
+from mirror.errors import MirrorError
 from mirror.index import ApiEntry, FileEntry, MetadataIndex
 from mirror.integrity import hash_file
 from mirror.service import _normalise_query
@@ -48,21 +52,8 @@ Log = Callable[[str], None]
 
 
 def repo_folder_name(repo: hf.RepoRef) -> str:
-    """``models--acme--tiny-model``, as huggingface_hub names it."""
-    return "--".join([repo.type.plural, *repo.repo_id.split("/")])
-
-
-def repo_from_folder(name: str) -> hf.RepoRef | None:
-    match = _REPO_DIR_RE.match(name)
-    if not match:
-        return None
-    parts = match.group(2).split("--")
-    if not 1 <= len(parts) <= 2:
-        return None
-    try:
-        return hf.RepoRef(hf.RepoType.from_plural(match.group(1)), hf.validate_repo_id("/".join(parts)))
-    except Exception:  # noqa: BLE001 - not a repo folder
-        return None
+    """``models--acme--tiny-model``: huggingface_hub's own name for a repo's folder."""
+    return hub_repo_folder_name(repo_id=repo.repo_id, repo_type=repo.type.value)
 
 
 def lfs_pointer(sha256: str, size: int) -> bytes:
@@ -144,14 +135,48 @@ class ImportReport:
     refs: int = 0
 
 
-def find_repo_folders(path: Path) -> list[Path]:
-    """PATH is a hub cache (``~/.cache/huggingface/hub``), an HF_HOME (with ``hub/``), or one repo folder."""
+@dataclass(frozen=True)
+class _ClientRepo:
+    """One repo folder of a client cache, as huggingface_hub's own scanner reads it."""
+
+    repo: hf.RepoRef
+    folder: Path
+    refs: dict[str, list[str]]  # commit -> the branches and tags pointing at it
+    snapshots: dict[str, list[tuple[str, Path, Path]]]  # commit -> (path in the repo, snapshot file, its blob)
+
+
+def scan_client_cache(path: Path) -> tuple[list[_ClientRepo], list[str]]:
+    """PATH is a hub cache (``~/.cache/huggingface/hub``), an HF_HOME (with ``hub/``), or one repo folder.
+
+    Read with huggingface_hub's ``scan_cache_dir``, the owner of that layout; returns the repos and what it
+    could not read (its warnings)."""
     path = Path(path).expanduser()
-    if repo_from_folder(path.name) is not None and path.is_dir():
-        return [path]
-    if not any(repo_from_folder(p.name) for p in path.iterdir() if p.is_dir()) and (path / "hub").is_dir():
+    only: Path | None = None
+    if _REPO_DIR_RE.match(path.name) and path.is_dir():
+        only, path = path, path.parent
+    elif not any(_REPO_DIR_RE.match(p.name) for p in path.iterdir() if p.is_dir()) and (path / "hub").is_dir():
         path = path / "hub"
-    return sorted(p for p in path.iterdir() if p.is_dir() and repo_from_folder(p.name) is not None)
+    info = scan_cache_dir(path)
+    repos, problems = [], [str(w) for w in info.warnings]
+    for cached in sorted(info.repos, key=lambda r: (r.repo_type, r.repo_id)):
+        if only is not None and cached.repo_path != only:
+            continue
+        try:
+            repo = hf.RepoRef(hf.RepoType(cached.repo_type), hf.validate_repo_id(cached.repo_id))
+        except (ValueError, MirrorError):
+            problems.append(f"{cached.repo_path.name}: not a repo this mirror can serve")
+            continue
+        refs: dict[str, list[str]] = {}
+        snapshots: dict[str, list[tuple[str, Path, Path]]] = {}
+        for revision in sorted(cached.revisions, key=lambda r: r.commit_hash):
+            if not hf.is_commit(revision.commit_hash):
+                continue
+            refs[revision.commit_hash] = sorted(revision.refs)
+            snapshots[revision.commit_hash] = sorted(
+                (f.file_path.relative_to(revision.snapshot_path).as_posix(), f.file_path, f.blob_path)
+                for f in revision.files)
+        repos.append(_ClientRepo(repo, cached.repo_path, refs, snapshots))
+    return repos, problems
 
 
 def _read_trees_json(folder: Path, commit: str) -> dict[str, tuple[str, int]] | None:
@@ -224,29 +249,23 @@ async def import_tree(path: Path, store: BlobStore, index: MetadataIndex, access
     """Seed the mirror from a client cache tree; see the module docstring."""
     report = ImportReport()
     owner = f"import:{os.getpid()}"
-    for folder in find_repo_folders(path):
-        repo = repo_from_folder(folder.name)
-        assert repo is not None
+    client_repos, problems = scan_client_cache(path)
+    report.skipped.extend(problems)
+    for client_repo in client_repos:
+        repo, folder, refs = client_repo.repo, client_repo.folder, client_repo.refs
         report.repos.append(repo.key)
-        commits_dir = folder / "snapshots"
-        refs: dict[str, list[str]] = {}
-        refs_dir = folder / "refs"
-        for rev, ref_file in _walk_files(refs_dir) if refs_dir.is_dir() else []:
-            commit = ref_file.read_text().strip()
-            if hf.is_commit(commit):
-                refs.setdefault(commit, []).append(rev)
+        for commit, revs in refs.items():
+            for rev in revs:
                 if index.get_ref(repo, rev) is None:
                     index.put_ref_at(repo, rev, commit, 0.0)  # known, never confirmed: re-checked when online
                     report.refs += 1
-        commits = sorted(p.name for p in commits_dir.iterdir() if p.is_dir() and hf.is_commit(p.name)) \
-            if commits_dir.is_dir() else []
-        for commit in commits:
-            snapshot = commits_dir / commit
+        for commit, snapshot_files in client_repo.snapshots.items():
+            snapshot = folder / "snapshots" / commit
             listed = _read_trees_json(folder, commit)
             files: dict[str, tuple[str, int]] = {}
-            for rel, file_path in _walk_files(snapshot):
+            for rel, file_path, blob_path in snapshot_files:
                 if file_path.is_symlink():
-                    blob = Path(os.path.realpath(file_path))
+                    blob = blob_path
                     etag = blob.name
                 elif listed is not None and rel in listed:
                     blob, etag = file_path, listed[rel][0]
