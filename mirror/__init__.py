@@ -1,3 +1,16 @@
-"""hf-mirror: a self-hosted pull-through mirror of the Hugging Face Hub."""
+"""hf-mirror: a self-hosted pull-through mirror of the Hugging Face Hub.
+
+The house, in layers; a module imports only from its own layer or the ones above it in this list
+(tests/test_layers.py reads the import graph and holds every module to it):
+
+    values and the wire contract  config, errors, hf, integrity, metrics, logs, asgi   (no I/O of their own)
+    adapters                      index (the one key schema), storage/ (local, s3/), upstream/ (the Hub client)
+    policy                        access, auth, fill/, service, viewer, xet/   (no web framework, no HTTP client)
+    edges                         routes/, sync/, gc, cache_io, status   (turn policy into bytes, runs, reports)
+    the one wiring                parts (build_parts: every part from Settings), app (ASGI), server (uvicorn)
+    the CLI                       cli/, cachecli   (builds Settings, then the parts, and passes them down)
+
+Beside the house, over HTTP only: harness/, demo, sample_hub. docs/architecture.md follows one cache miss through it.
+"""
 
 __version__ = "0.1.0"

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 
 from mirror import hf
 from mirror.access import Caller
+from mirror.asgi import Receive, Scope, Send
 from mirror.auth import MirrorAuth
 from mirror.config import Settings
 from mirror.errors import HeadersTooLarge, MethodNotAllowed, MirrorError, RouteNotFound
@@ -27,16 +28,7 @@ from mirror.metrics import Metrics
 from mirror.parts import build_parts
 from mirror.routes import ops
 from mirror.routes.api import ApiHandler
-from mirror.routes.common import (
-    CORS_HEADERS,
-    Receive,
-    Scope,
-    Send,
-    bearer_token,
-    query_pairs,
-    send_error,
-    send_preflight,
-)
+from mirror.routes.common import CORS_HEADERS, bearer_token, query_pairs, send_error, send_preflight
 from mirror.routes.peer import PeerFillHandler
 from mirror.routes.resolve import ResolveHandler
 from mirror.routes.viewer import ViewerHandler, is_viewer_host, viewer_target

@@ -1,9 +1,16 @@
-"""ASGI plumbing for small apps that read the whole request and answer with a whole body: the demo's sample Hub
-(``mirror.sample_hub``) and the test suite's Hub emulator. The mirror's own routes stream and do not use it."""
+"""ASGI's types, and plumbing for small apps that read the whole request and answer with a whole body: the demo's
+sample Hub (``mirror.sample_hub``) and the test suite's Hub emulator. The mirror's own routes stream and use the
+types only."""
 
 from __future__ import annotations
 
-from mirror.routes.common import Receive, Scope, Send
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
 
 
 async def answer_lifespan(scope: Scope, receive: Receive, send: Send) -> bool:

@@ -217,3 +217,49 @@ def test_the_layer_rules_see_their_modules() -> None:
             "mirror.fill.manager", "mirror.upstream.client"} <= names
     assert "httpx" in external_imports(modules()["mirror.upstream.client"])
     assert "fastapi" in external_imports(modules()["mirror.app"])
+
+
+# --- the layers (mirror/__init__.py draws them): each module imports only from its own layer or below ---------------
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("values and the wire contract", ("mirror.config", "mirror.errors", "mirror.hf", "mirror.integrity",
+                                      "mirror.metrics", "mirror.logs", "mirror.asgi")),
+    ("adapters", ("mirror.index", "mirror.storage", "mirror.upstream")),
+    ("policy", ("mirror.access", "mirror.auth", "mirror.fill", "mirror.service", "mirror.viewer", "mirror.xet")),
+    ("edges", ("mirror.routes", "mirror.sync", "mirror.gc", "mirror.cache_io", "mirror.status")),
+    ("the one wiring", ("mirror.parts", "mirror.app", "mirror.server")),
+    ("the CLI", ("mirror.cli", "mirror.cachecli", "mirror.__main__")),
+)
+# Beside the house, over HTTP only: they start a server as a process or talk to one, never import its internals.
+SIDE = ("mirror.harness", "mirror.demo", "mirror.sample_hub")
+
+
+def layer_of(name: str) -> int | None:
+    for number, (_, packages) in enumerate(LAYERS):
+        if _within(name, packages):
+            return number
+    return None
+
+
+def test_every_module_has_a_layer() -> None:
+    homeless = [name for name in modules() if name != "mirror" and layer_of(name) is None and not _within(name, SIDE)]
+    assert not homeless, f"give these modules a layer in LAYERS (and in mirror/__init__.py): {homeless}"
+
+
+def test_layers_import_downward_only() -> None:
+    upward = []
+    for imp in all_imports():
+        if imp.importer == "mirror" or imp.imported == "mirror":
+            continue
+        if _within(imp.importer, SIDE):
+            continue
+        low, high = layer_of(imp.importer), layer_of(imp.imported)
+        if low is not None and high is not None and high > low:
+            upward.append(f"{imp.importer}:{imp.line} ({LAYERS[low][0]}) imports {imp.imported} ({LAYERS[high][0]})")
+    assert not upward, "\n".join(upward)
+
+
+def test_the_side_tools_reach_the_server_over_http_only() -> None:
+    server_internals = [imp for imp in all_imports() if _within(imp.importer, SIDE) and layer_of(imp.imported) in
+                        (1, 2, 3, 4)]
+    assert not server_internals, [f"{i.importer}:{i.line} imports {i.imported}" for i in server_internals]

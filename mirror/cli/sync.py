@@ -13,8 +13,9 @@ from collections.abc import Awaitable
 from pathlib import Path
 
 from mirror.config import ConfigError, Settings
+from mirror.parts import build_parts
 from mirror.sync.backend import Backend
-from mirror.sync.cache_dir_backend import CacheDirBackend
+from mirror.sync.cache_dir_backend import CacheDirBackend, CountingFillManager
 from mirror.sync.manifest import load_manifest
 from mirror.sync.mirror_backend import MirrorBackend
 from mirror.sync.progress import PlainReporter, Reporter, RichReporter
@@ -65,7 +66,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         pins_note = ("note: repos are not pinned in --mirror mode (the mirror has no pin endpoint); run "
                      "`hf-mirror sync --cache-dir DIR` on the mirror host to pin them against eviction")
     else:
-        backend = CacheDirBackend(settings, dry_run=args.dry_run)
+        parts = build_parts(settings, fill_manager=CountingFillManager)  # the one wiring, as serve and cache use
+        backend = CacheDirBackend(settings, dry_run=args.dry_run, parts=parts, owns_parts=True)
         pins_note = None if args.dry_run else f"pinned {len(manifest.repos)} repo(s) for {manifest.source}"
     target = args.mirror or str(settings.cache_dir)
     reporter.info(f"sync {manifest.path} -> {target}{' (dry run)' if args.dry_run else ''}: "

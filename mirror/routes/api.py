@@ -9,9 +9,10 @@ from urllib.parse import parse_qsl
 
 from mirror import hf
 from mirror.access import Caller
+from mirror.asgi import Receive, Scope, Send
 from mirror.errors import BadRequest, MirrorError
 from mirror.metrics import Metrics, Outcome
-from mirror.routes.common import Receive, Scope, Send, mirror_base, query_pairs, send_error
+from mirror.routes.common import mirror_base, query_pairs, send_error
 from mirror.service import ApiResult, MirrorService
 
 log = logging.getLogger("hf_mirror.api")

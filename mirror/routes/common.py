@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 from mirror import hf
+from mirror.asgi import Scope, Send
 from mirror.errors import MirrorError, RangeNotSatisfiable
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 
 def header(scope: Scope, name: bytes) -> str | None:

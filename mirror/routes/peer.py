@@ -16,10 +16,11 @@ import logging
 import re
 
 from mirror import hf
+from mirror.asgi import Receive, Scope, Send
 from mirror.errors import EntryNotFound, MethodNotAllowed, MirrorError
 from mirror.fill import Fill, FillManager, FillSpec
 from mirror.metrics import Metrics, Outcome
-from mirror.routes.common import Receive, Scope, Send, header, parse_range, query_pairs, send_error
+from mirror.routes.common import header, parse_range, query_pairs, send_error
 from mirror.routes.sendfile import send_fill_range, watch_disconnect
 
 log = logging.getLogger("hf_mirror.peer")

@@ -16,10 +16,11 @@ from prometheus_client import Counter
 
 from mirror import hf
 from mirror.access import Caller
+from mirror.asgi import Receive, Scope, Send
 from mirror.errors import MirrorError
 from mirror.fill import FillManager
 from mirror.metrics import Metrics, Outcome
-from mirror.routes.common import Receive, Scope, Send, header, parse_range, send_error
+from mirror.routes.common import header, parse_range, send_error
 from mirror.routes.sendfile import send_file_range, send_fill_range, watch_disconnect
 from mirror.service import Cached, FileEntry, Filling, MirrorService, Relay, ResolvedFile
 

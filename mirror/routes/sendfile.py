@@ -19,8 +19,8 @@ import select
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from mirror.asgi import Receive, Scope, Send
 from mirror.fill import Fill, FillManager
-from mirror.routes.common import Receive, Scope, Send
 
 _SENDFILE_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="sendfile")
 _SENDFILE_MIN = 256 * 1024  # below this, one pread + write is cheaper than the handoff

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from mirror import hf
 from mirror.access import Caller
+from mirror.asgi import Scope, Send
 from mirror.errors import HubError, MirrorError
 from mirror.metrics import Metrics, Outcome
-from mirror.routes.common import Scope, Send, header, send_error
+from mirror.routes.common import header, send_error
 from mirror.viewer import VIEWER_ENDPOINTS, ViewerNotFound, ViewerResult, ViewerService, rewrite_urls
 
 VIEWER_HOST_PREFIX = "datasets-server."

@@ -13,8 +13,9 @@ from typing import Any
 
 from mirror import hf
 from mirror.access import Caller
+from mirror.asgi import Receive, Scope, Send
 from mirror.errors import BadRequest, MirrorError, RouteNotFound
-from mirror.routes.common import Receive, Scope, Send, header, query_pairs, send_error
+from mirror.routes.common import header, query_pairs, send_error
 from mirror.sync.warm import WarmJobs, WarmRequest
 
 _MAX_BODY = 64 * 1024

@@ -6,8 +6,32 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from mirror.access import AccessPolicy
+from mirror.config import Settings
+from mirror.fill import FillManager
+from mirror.index import MetadataIndex
+from mirror.metrics import Metrics
+from mirror.service import MirrorService
+from mirror.storage.base import BlobStore
 from mirror.sync.jobs import RemoteFile, RevisionJob
 from mirror.sync.manifest import Manifest
+from mirror.upstream import UpstreamClient
+
+
+class CacheParts(Protocol):
+    """What the cache backend works with: the parts the one wiring built (:func:`mirror.parts.build_parts`),
+    handed down by the CLI (a sync run) or by the server (a warm job)."""
+
+    settings: Settings
+    metrics: Metrics
+    store: BlobStore
+    index: MetadataIndex
+    upstream: UpstreamClient
+    fills: FillManager
+    access: AccessPolicy
+    service: MirrorService
+
+    async def aclose(self, grace: float | None = None) -> None: ...
 
 
 class Backend(Protocol):

@@ -1,6 +1,6 @@
 """``--cache-dir DIR`` (the default): the sync works on the cache with the server's own parts.
 
-The parts come from the one wiring (:func:`mirror.parts.build_parts`), and every blob is fetched by
+The parts come from the one wiring (:func:`mirror.parts.build_parts`, called by the CLI), and every blob is fetched by
 :meth:`mirror.fill.FillManager.fetch`, the server's own fill path. Its cross-process lease means a running
 server and a sync never download one blob twice, and a running server sees each blob the moment it is
 committed. The metadata the server needs to answer with upstream down is written too, through
@@ -26,8 +26,8 @@ from mirror.config import Settings
 from mirror.errors import MirrorError
 from mirror.fill import Fill, FillManager, FillSpec
 from mirror.index import ApiEntry, FileEntry
-from mirror.parts import Parts, build_parts
 from mirror.service import ApiResult, _normalise_query
+from mirror.sync.backend import CacheParts
 from mirror.sync.jobs import RemoteFile, RevisionJob, tree_files
 from mirror.sync.listings import LS_QUERY, PROBED_PATHS, TREE_QUERY, listing_pages, next_query
 from mirror.sync.manifest import Manifest
@@ -57,14 +57,14 @@ class CacheDirBackend:
 
     pins_supported = True
 
-    def __init__(self, settings: Settings, *, dry_run: bool, parts: Parts | None = None) -> None:
-        """``parts``: a running server's (warm on request, :mod:`mirror.sync.warm`); by default its own."""
+    def __init__(self, settings: Settings, *, dry_run: bool, parts: CacheParts, owns_parts: bool = False) -> None:
+        """``parts``: the server's own (the one wiring, store included), built by the CLI for a sync run (which
+        then owns and closes them), or a running server's for a warm job (:mod:`mirror.sync.warm`)."""
         self.settings = settings
         self.dry_run = dry_run
         self.default_token = settings.upstream_token
-        self._owns_parts = parts is None
-        # The server's wiring, store included.
-        self.parts = parts if parts is not None else build_parts(settings, fill_manager=CountingFillManager)
+        self._owns_parts = owns_parts
+        self.parts = parts
         self.fills = self.parts.fills
         self.metrics = self.parts.metrics
         self.store = self.parts.store

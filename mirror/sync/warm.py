@@ -21,7 +21,7 @@ from typing import Any
 from mirror import hf
 from mirror.access import Caller
 from mirror.errors import MirrorError
-from mirror.parts import Parts
+from mirror.sync.backend import CacheParts
 from mirror.sync.cache_dir_backend import CacheDirBackend
 from mirror.sync.jobs import RevisionJob, error_text, tree_files
 from mirror.sync.manifest import Manifest, RepoSpec
@@ -122,7 +122,7 @@ class _WarmBackend(CacheDirBackend):
 
     pins_supported = False
 
-    def __init__(self, parts: Parts, caller: Caller) -> None:
+    def __init__(self, parts: CacheParts, caller: Caller) -> None:
         super().__init__(parts.settings, dry_run=False, parts=parts)
         self.default_token = caller.token
         self.own_token = caller.own_token
@@ -132,7 +132,7 @@ class _WarmBackend(CacheDirBackend):
 
 
 class WarmJobs:
-    def __init__(self, parts: Parts, *, concurrency: int = 4) -> None:
+    def __init__(self, parts: CacheParts, *, concurrency: int = 4) -> None:
         self.parts = parts
         self.concurrency = concurrency
         self._jobs: OrderedDict[str, WarmJob] = OrderedDict()
