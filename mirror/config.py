@@ -78,6 +78,17 @@ class Settings:
     fill_on_disconnect: str = "continue"  # continue | cancel
     fill_chunk_size: int = 8 * 1024 * 1024  # most bytes a fill hashes and announces to its readers at once
     lease_stale_seconds: float = 30.0
+    # A file of at least this many bytes is fetched upstream as ``fill_connections`` concurrent Range windows of
+    # ``fill_window`` bytes (a long, lossy path gives one TCP connection a fraction of the link). 0: never.
+    parallel_fill_threshold: int = 64 * 1024**2
+    fill_connections: int = 8
+    fill_window: int = 32 * 1024**2
+    # Upstream bandwidth, bytes/s (0: unlimited): ``upstream_rate`` is shared by every fill of the process;
+    # ``sync_rate`` bounds the ``sync`` command instead, during ``sync_hours`` ("HH-HH" local time, e.g. "08-18";
+    # empty: always) — outside them the sync runs at ``upstream_rate``.
+    upstream_rate: int = 0
+    sync_rate: int = 0
+    sync_hours: str = ""
     # Serving.
     serve_chunk_size: int = 4 * 1024 * 1024
     accel_redirect: str | None = None
@@ -168,6 +179,10 @@ class Settings:
             raise ConfigError("max_header_bytes must be at least 4K")
         if self.header_timeout <= 0 or self.access_grace < 0:
             raise ConfigError("header_timeout must be > 0 and access_grace >= 0 seconds")
+        if self.fill_connections < 1 or self.fill_window < 1024**2:
+            raise ConfigError("fill_connections must be >= 1 and fill_window at least 1M")
+        if self.sync_hours and not re.fullmatch(r"\d{1,2}-\d{1,2}", self.sync_hours):
+            raise ConfigError(f"sync_hours must look like 08-18, got {self.sync_hours!r}")
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ConfigError("ssl_certfile and ssl_keyfile must be given together")
 
@@ -199,7 +214,7 @@ def _coerce(name: str, raw: Any) -> Any:
     """Turn a TOML/env/CLI value into the field's type, with a clear error."""
     kind = str(_FIELDS[name].type)
     try:
-        if name == "scrub_rate":
+        if name in ("scrub_rate", "upstream_rate", "sync_rate", "parallel_fill_threshold", "fill_window"):
             return parse_size(raw) or 0  # 0: off
         if name in ("max_size", "hot_tier_max_size", "min_free_space", "max_header_bytes", "max_api_body"):
             return parse_size(raw)

@@ -56,6 +56,13 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
         help="fill lease lifetime in seconds: a dead node's fill is taken over after this (storage s3; default 30)")
     add("--node-url", help="URL the other nodes reach this node at, e.g. http://node-1:8090: they stream its "
         "fills in progress from it (storage s3)")
+    add("--parallel-fill-threshold", help="files of at least this size are fetched upstream over several "
+        "connections, e.g. 64M (default; 0: never)")
+    add("--fill-connections", type=int, help="concurrent Range requests of one large fill (default 8)")
+    add("--fill-window", help="bytes of one Range request of a parallel fill, e.g. 32M (default)")
+    add("--upstream-rate", help="upstream bandwidth cap shared by every fill, bytes/s, e.g. 100M (default 0: none)")
+    add("--sync-rate", help="upstream bandwidth cap of the sync command, e.g. 20M (default 0: --upstream-rate)")
+    add("--sync-hours", help="local hours when --sync-rate applies, e.g. 08-18 (default: always)")
     add("--accel-redirect", help="nginx internal location prefix for cache hits, e.g. /_hf_mirror_blobs/")
     add("--log-format", choices=("text", "json"), help="log line format (default text)")
     add("--log-level", help="debug, info, warning, error (default info)")

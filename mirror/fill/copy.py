@@ -13,13 +13,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 from prometheus_client import Counter
 
 from mirror.errors import IntegrityError
 from mirror.fill.state import Fill
 from mirror.integrity import BlobHasher
-from mirror.upstream import BulkBody
+from mirror.upstream import BulkBody, RateLimit
 
 _HASH_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fill-hash")
 _COPY_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fill-copy")  # one thread per running fill
@@ -36,7 +37,7 @@ class Cursor:
 
 
 async def pump(fill: Fill, body: BulkBody, fd: int, cursor: Cursor, hasher: BlobHasher, counter: Counter,
-               block_size: int) -> None:
+               block_size: int, rate: RateLimit | None = None) -> None:
     """Copy the body into the partial file in a worker thread, announcing progress to the readers.
 
     The thread owns ``fd`` until it returns: on cancellation it is told to stop and awaited, never abandoned.
@@ -53,7 +54,7 @@ async def pump(fill: Fill, body: BulkBody, fd: int, cursor: Cursor, hasher: Blob
             loop.call_soon_threadsafe(fill.advance, offset)
 
     def run() -> None:
-        copy_body(body, fd, cursor, fill.spec.size, hasher, block_size, stop, progress)
+        copy_body(body, fd, cursor, fill.spec.size, hasher, block_size, stop, progress, rate)
 
     done = asyncio.wrap_future(_COPY_POOL.submit(run))
     try:
@@ -66,7 +67,7 @@ async def pump(fill: Fill, body: BulkBody, fd: int, cursor: Cursor, hasher: Blob
 
 
 def copy_body(body: BulkBody, fd: int, cursor: Cursor, size: int, hasher: BlobHasher, block_size: int,
-              stop: threading.Event, progress: Callable[[int], None]) -> None:
+              stop: threading.Event, progress: Callable[[int], None], rate: RateLimit | None = None) -> None:
     """Blocking: socket → partial file until ``size`` bytes or EOF.
 
     Each read takes what has arrived, so a slow upstream's first bytes reach readers at once. Hashing and progress
@@ -85,6 +86,8 @@ def copy_body(body: BulkBody, fd: int, cursor: Cursor, size: int, hasher: BlobHa
                 raise IntegrityError(f"upstream sent more than {size} bytes")
             _write_all(fd, data, cursor.offset)
             cursor.offset += len(data)
+            if rate is not None:
+                rate.take(len(data))
             block.append(data)
             block_bytes += len(data)
             if block_bytes >= block_size or time.monotonic() - block_began >= _BLOCK_SECONDS:
@@ -113,9 +116,17 @@ def _write_all(fd: int, data: bytes, offset: int) -> None:
         offset += written
 
 
-def resume_offset(fd: int, size: int, hasher: BlobHasher, chunk_size: int) -> int:
-    """Hash what a previous fill left in the partial file, and continue after it."""
+def resume_offset(fd: int, size: int, hasher: BlobHasher, chunk_size: int, partial: Path | None = None) -> int:
+    """Hash what a previous fill left in the partial file, and continue after it.
+
+    A parallel fill's partial file holds windows beyond its contiguous prefix: its prefix file says how far the
+    bytes are contiguous, and the rest is cut (those windows are fetched again)."""
     existing = os.fstat(fd).st_size
+    prefix = read_prefix(partial) if partial is not None else None
+    if prefix is not None:
+        existing = min(existing, prefix)
+        os.ftruncate(fd, existing)
+        prefix_path(partial).unlink(missing_ok=True)  # type: ignore[arg-type]
     if existing > size:
         os.ftruncate(fd, 0)
         return 0
@@ -127,3 +138,35 @@ def resume_offset(fd: int, size: int, hasher: BlobHasher, chunk_size: int) -> in
         hasher.update(data)
         offset += len(data)
     return offset
+
+
+# --- the prefix file of a parallel fill ------------------------------------------------------------------------------
+# A parallel fill writes windows at their offsets, so the partial file's size is not how far its bytes are
+# contiguous. ``<partial>.prefix`` says that (written before any window lands beyond the prefix, replaced atomically,
+# removed once the partial file is committed or dropped): what a follower in another process and a resume read.
+
+
+def prefix_path(partial: Path) -> Path:
+    return partial.with_name(partial.name + ".prefix")
+
+
+def write_prefix(partial: Path, offset: int) -> None:
+    path = prefix_path(partial)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(str(offset))
+    os.replace(tmp, path)
+
+
+def read_prefix(partial: Path) -> int | None:
+    try:
+        text = prefix_path(partial).read_text()
+    except FileNotFoundError:
+        return None
+    return int(text) if text.isdigit() else 0
+
+
+def on_disk_prefix(partial: Path) -> int:
+    """How many bytes of a partial file (another process fills it) are contiguous on disk."""
+    size = os.stat(partial).st_size
+    prefix = read_prefix(partial)
+    return size if prefix is None else min(size, prefix)

@@ -11,12 +11,13 @@ import logging
 import os
 
 from mirror.errors import IntegrityError, UpstreamUnavailable
-from mirror.fill.copy import Cursor, pump, resume_offset
+from mirror.fill.copy import Cursor, prefix_path, pump, resume_offset
 from mirror.fill.state import Fill
+from mirror.fill.windows import WindowedFill
 from mirror.integrity import BlobHasher
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobStore
-from mirror.upstream import UpstreamClient, UrlExpired
+from mirror.upstream import RangeIgnored, UpstreamClient, UrlExpired
 
 log = logging.getLogger("hf_mirror.fill")
 
@@ -24,17 +25,35 @@ _MAX_ATTEMPTS_WITHOUT_PROGRESS = 6
 
 
 async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metrics: Metrics, chunk_size: int) -> None:
-    """Fill ``fill`` from upstream (this process holds its lease), then commit the blob."""
+    """Fill ``fill`` from upstream (this process holds its lease), then commit the blob.
+
+    A file of at least ``parallel_fill_threshold`` bytes is fetched in concurrent windows (:mod:`windows`); an
+    upstream that ignores bounded Ranges gets the single stream from the contiguous prefix instead."""
     spec = fill.spec
     partial = fill.partial
+    settings = upstream.settings
     fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         hasher = BlobHasher(spec.etag, spec.size)
-        offset = await asyncio.to_thread(resume_offset, fd, spec.size, hasher, chunk_size)
+        offset = await asyncio.to_thread(resume_offset, fd, spec.size, hasher, chunk_size, partial)
         fill.advance(offset)
         if offset:
             log.info("resuming fill of %s at byte %d of %d", spec.path, offset, spec.size)
         cdn_url = spec.cdn_url
+        threshold = settings.parallel_fill_threshold
+        if threshold and spec.size >= threshold and settings.fill_connections > 1 and offset < spec.size:
+            windows = WindowedFill(fill, fd, hasher, offset, upstream, metrics, connections=settings.fill_connections,
+                                   window=settings.fill_window, chunk_size=chunk_size, cdn_url=cdn_url)
+            try:
+                await windows.run()
+                offset = spec.size
+            except RangeIgnored:
+                offset = windows.hashed  # every worker has stopped: the file is cut back to the hashed prefix
+                await asyncio.to_thread(os.ftruncate, fd, offset)
+                prefix_path(partial).unlink(missing_ok=True)  # contiguous again (a failure keeps it: see resume)
+                fill.advance(offset)
+                log.info("upstream ignores Range for %s: one stream from byte %d", spec.path, offset)
+            cdn_url = windows.cdn_url
         failures = 0
         while offset < spec.size:
             before = offset
@@ -45,7 +64,7 @@ async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metri
                         cdn_url = file.cdn_url
                     cursor = Cursor(offset)
                     try:
-                        await pump(fill, file.body, fd, cursor, hasher, metrics.bytes_fetched, chunk_size)
+                        await pump(fill, file.body, fd, cursor, hasher, metrics.bytes_fetched, chunk_size, file.rate)
                     finally:
                         offset = cursor.offset
                 if offset < spec.size:
@@ -68,10 +87,12 @@ async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metri
             metrics.integrity_failures.inc()
             os.ftruncate(fd, 0)
             partial.unlink(missing_ok=True)
+            prefix_path(partial).unlink(missing_ok=True)
             raise IntegrityError(f"{spec.repo.key} {spec.path}: content does not match etag {spec.etag}")
         fill.verify()
     finally:
         os.close(fd)
     committed = await store.commit(spec.etag, partial)
+    prefix_path(partial).unlink(missing_ok=True)  # after the partial file became the blob: see copy.prefix_path
     fill.finish(committed)
     log.info("committed %s %s (%d bytes) as %s", spec.repo.key, spec.path, spec.size, spec.etag)

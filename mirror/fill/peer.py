@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 from mirror.errors import IntegrityError, MirrorError, UpstreamUnavailable
-from mirror.fill.copy import Cursor, pump
+from mirror.fill.copy import Cursor, on_disk_prefix, pump
 from mirror.fill.state import Fill
 from mirror.integrity import BlobHasher
 from mirror.metrics import Metrics
@@ -57,7 +57,7 @@ class Follower:
                 return
             if not self._on_another_node(lease):
                 with contextlib.suppress(FileNotFoundError):  # the holder writes the very partial file we read
-                    fill.advance(os.stat(fill.partial).st_size)
+                    fill.advance(on_disk_prefix(fill.partial))
             elif lease.peer is not None and not copy.verified and copy.failures < _PEER_TRIES:
                 await self._copy_from_peer(fill, lease.peer, copy)
             ticks += 1

@@ -13,7 +13,8 @@ Only this package imports an HTTP client library (httpx, urllib3).
 from mirror.upstream.bulk import BulkBody
 from mirror.upstream.client import RepoGuard, UpstreamClient
 from mirror.upstream.errors import hub_error
-from mirror.upstream.values import FileBody, RelayBody, UpstreamAnswer, UpstreamFileMeta, UrlExpired
+from mirror.upstream.rate import RateLimit
+from mirror.upstream.values import FileBody, RangeIgnored, RelayBody, UpstreamAnswer, UpstreamFileMeta, UrlExpired
 
-__all__ = ["BulkBody", "FileBody", "RelayBody", "RepoGuard", "UpstreamAnswer", "UpstreamClient",
-           "UpstreamFileMeta", "UrlExpired", "hub_error"]
+__all__ = ["BulkBody", "FileBody", "RangeIgnored", "RateLimit", "RelayBody", "RepoGuard", "UpstreamAnswer",
+           "UpstreamClient", "UpstreamFileMeta", "UrlExpired", "hub_error"]

@@ -26,8 +26,16 @@ from mirror.errors import MirrorError, UpstreamTimeout, UpstreamUnavailable, scr
 from mirror.metrics import Metrics
 from mirror.upstream.bulk import BulkBody, BulkPools, BulkResponse
 from mirror.upstream.errors import hub_error
+from mirror.upstream.rate import RateLimit, sync_rate_now
 from mirror.upstream.retry import A, with_retries
-from mirror.upstream.values import FileBody, RelayBody, UpstreamAnswer, UpstreamFileMeta, UrlExpired
+from mirror.upstream.values import (
+    FileBody,
+    RangeIgnored,
+    RelayBody,
+    UpstreamAnswer,
+    UpstreamFileMeta,
+    UrlExpired,
+)
 
 log = logging.getLogger("hf_mirror.upstream")
 
@@ -83,8 +91,14 @@ class UpstreamClient:
             headers={"user-agent": "hf-mirror/0.1"},
         )
         self._bulk = BulkPools(connect_timeout=settings.connect_timeout, read_timeout=settings.read_timeout)
+        # Every fill's bytes pass this bucket (``upstream_rate``; the sync command switches to ``sync_rate``).
+        self.rate = RateLimit(lambda: float(settings.upstream_rate))
         self.healthy: bool | None = None  # last observed state, for the status page
         self.last_error: str | None = None
+
+    def use_sync_rate(self) -> None:
+        """This process is the nightly sync: its fills run under ``sync_rate`` during ``sync_hours``."""
+        self.rate = RateLimit(lambda: sync_rate_now(self.settings))
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -227,13 +241,15 @@ class UpstreamClient:
 
     @asynccontextmanager
     async def open_file(self, repo: hf.RepoRef, commit: str, path: str, token: str | None, start: int = 0,
-                        cdn_url: str | None = None) -> AsyncIterator[FileBody]:
-        """Open the bytes of a file from ``start`` for a fill: a body a worker thread reads in large blocks.
+                        cdn_url: str | None = None, end: int | None = None) -> AsyncIterator[FileBody]:
+        """Open the bytes of a file from ``start`` (to ``end``, exclusive) for a fill: a body a worker thread reads
+        in large blocks.
 
         With ``cdn_url`` the CDN is asked directly (saving the Hub a request on resume); a refusal there raises
-        :class:`UrlExpired` so the caller re-resolves. The answer is checked to be 200, or 206 from ``start``.
+        :class:`UrlExpired` so the caller re-resolves. The answer is checked to be 200, or 206 from ``start``
+        (always 206 for a window with an ``end``: :class:`RangeIgnored` otherwise).
         """
-        headers = self._range_headers(start, None)
+        headers = self._range_headers(start, None if end is None else end - 1)
         hub_url = self.base + repo.resolve_path(commit, path)
         url = cdn_url or hub_url
 
@@ -247,8 +263,10 @@ class UpstreamClient:
                 body = await asyncio.to_thread(response.body.read, _MAX_ERROR_BODY)
                 answer = UpstreamAnswer(response.status_code, response.headers, body, response.reason_phrase)
                 raise self.error(answer, resolve=True)
+            if end is not None and response.status_code != 206:
+                raise RangeIgnored(f"Upstream ignored Range for {path!r} (status {response.status_code})")
             self._check_range(response.status_code, start, path)
-            yield FileBody(response.body, None if response.url == hub_url else response.url)
+            yield FileBody(response.body, None if response.url == hub_url else response.url, self.rate)
         finally:
             await response.aclose()
 

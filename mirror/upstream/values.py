@@ -12,10 +12,15 @@ from dataclasses import dataclass
 
 from mirror.errors import MirrorError
 from mirror.upstream.bulk import BulkBody
+from mirror.upstream.rate import RateLimit
 
 
 class UrlExpired(MirrorError):
     """A signed CDN URL was refused (403/410): resolve the file again for a fresh one."""
+
+
+class RangeIgnored(MirrorError):
+    """Upstream answered a bounded Range with the whole file: a parallel fill falls back to one stream."""
 
 
 @dataclass(frozen=True)
@@ -58,3 +63,4 @@ class FileBody:
 
     body: BulkBody
     cdn_url: str | None
+    rate: RateLimit | None = None  # the process's upstream bandwidth bucket: the reader takes from it per read

@@ -62,6 +62,11 @@ class Faults:
     renamed: dict[str, str] = field(default_factory=dict)
     echo_auth_in_error: bool = False  # Hub host answers 400 echoing the Authorization header (and a cookie)
     viewer_down: bool = False  # the dataset viewer's host answers 503 (the Hub itself stays up)
+    # A WAN profile: every response of either host (Hub and CDN) waits this long before its first byte (a round
+    # trip), and the file bodies of all responses together share ``link_bps`` bytes/s (0: no cap) on top of each
+    # response's own ``throttle_bps``.
+    first_byte_s: float = 0.0
+    link_bps: float = 0.0
 
 
 class Response(Exception):
@@ -114,7 +119,9 @@ class Emulator:
             query_string = scope.get("query_string", b"").decode("latin-1")
             self.requests.append({"host": host, "method": method,
                                   "path": raw + (f"?{query_string}" if query_string else ""),
-                                  "auth": headers.get("authorization")})
+                                  "auth": headers.get("authorization"), "range": headers.get("range")})
+        if self.faults.first_byte_s and not raw.startswith("/_emulator/"):
+            await asyncio.sleep(self.faults.first_byte_s)
         try:
             if raw.startswith("/_emulator/"):
                 raise self.control(method, raw, body)
@@ -214,8 +221,17 @@ class Emulator:
                 ahead = sent / faults.throttle_bps - (time.monotonic() - began)
                 if ahead > 0:
                     await asyncio.sleep(ahead)
+            if faults.link_bps:
+                await self.link_take(len(chunk), faults.link_bps)
         if start == end:
             await send({"type": "http.response.body", "body": b""})
+
+    async def link_take(self, n: int, rate: float) -> None:
+        """The shared link: every body's bytes queue on one schedule of ``rate`` bytes/s."""
+        now = time.monotonic()
+        self._link_free = max(getattr(self, "_link_free", 0.0), now) + n / rate
+        if self._link_free - now > 0:
+            await asyncio.sleep(self._link_free - now)
 
     # --- control -----------------------------------------------------------------------------------------------
 

@@ -1,0 +1,214 @@
+"""A parallel fill: a large file fetched upstream as several concurrent ``Range`` windows.
+
+One TCP connection over a long, lossy path carries a fraction of the link; ``fill_connections`` of them carry
+about that many times more. The file is cut into windows of ``fill_window`` bytes, taken in order by
+``fill_connections`` workers; each window is written at its offset in the partial file (pwrite) and resumed on
+its own after a drop (from the byte it reached) or an expired signed URL (the file is resolved again for a fresh
+CDN URL, shared by every window). Each upstream byte is fetched once.
+
+Readers are told how far the bytes are contiguous on disk (``fill.advance``) as soon as a window's bytes join the
+prefix; a hasher task hashes the prefix in order from the page cache. The rules of the single stream hold: the last
+byte is readable only once the whole file is verified, and nothing is committed unverified (:mod:`download`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from mirror.errors import IntegrityError, UpstreamUnavailable
+from mirror.fill.copy import write_prefix
+from mirror.fill.state import Fill
+from mirror.integrity import BlobHasher
+from mirror.metrics import Metrics
+from mirror.upstream import BulkBody, RateLimit, UpstreamClient, UrlExpired
+
+log = logging.getLogger("hf_mirror.fill")
+
+_WINDOW_POOL = ThreadPoolExecutor(max_workers=256, thread_name_prefix="fill-window")  # one per window in flight
+_READ_SIZE = 1024 * 1024
+_REPORT_SECONDS = 0.01  # a window's bytes reach readers at least this often ...
+_REPORT_BYTES = 4 * 1024 * 1024  # ... or every this many bytes
+_PREFIX_FILE_SECONDS = 0.05  # the prefix file (cross-process followers, resume) is rewritten at most this often
+_MAX_ATTEMPTS_WITHOUT_PROGRESS = 6
+
+
+@dataclass
+class Window:
+    start: int
+    end: int  # exclusive
+    done: int  # bytes ``start..done`` are on disk
+
+    @property
+    def complete(self) -> bool:
+        return self.done >= self.end
+
+
+class WindowedFill:
+    """The parallel download of ``fill`` from byte ``offset`` (the bytes before are on disk and hashed)."""
+
+    def __init__(self, fill: Fill, fd: int, hasher: BlobHasher, offset: int, upstream: UpstreamClient,
+                 metrics: Metrics, *, connections: int, window: int, chunk_size: int, cdn_url: str | None) -> None:
+        self.fill, self.fd, self.hasher, self.upstream, self.metrics = fill, fd, hasher, upstream, metrics
+        self.size = fill.spec.size
+        self.connections = connections
+        self.chunk_size = chunk_size
+        self.cdn_url = cdn_url  # the newest signed URL any window got; None: ask the Hub (it redirects)
+        self.windows = [Window(s, min(s + window, self.size), s) for s in range(offset, self.size, window)]
+        self.contiguous = offset  # bytes on disk without a hole
+        self.hashed = offset  # bytes hashed, in order
+        self._next = 0
+        self._more = asyncio.Event()  # the contiguous prefix grew
+        self._prefix_written_at = 0.0
+        self.requests = 0  # upstream GETs this fill sent (for logs and tests)
+
+    async def run(self) -> None:
+        """Fetch every window and hash the file; raises the first failure (every worker stopped by then)."""
+        write_prefix(self.fill.partial, self.contiguous)
+        loop = asyncio.get_running_loop()
+        workers = [loop.create_task(self._worker()) for _ in range(min(self.connections, len(self.windows)))]
+        hashing = loop.create_task(self._hash())
+        tasks = [*workers, hashing]
+        try:
+            done, _ = await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            await hashing
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+
+    # --- windows -------------------------------------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while self._next < len(self.windows):
+            window = self.windows[self._next]
+            self._next += 1
+            await self._fetch(window)
+
+    async def _fetch(self, window: Window) -> None:
+        spec = self.fill.spec
+        failures = 0
+        while not window.complete:
+            before = window.done
+            try:
+                cdn_url = self.cdn_url
+                self.requests += 1
+                async with self.upstream.open_file(spec.repo, spec.commit, spec.path, spec.token, start=window.done,
+                                                   end=window.end, cdn_url=cdn_url) as file:
+                    if file.cdn_url is not None:
+                        self.cdn_url = file.cdn_url
+                    await self._copy(window, file.body, file.rate)
+                if not window.complete:
+                    raise UpstreamUnavailable(f"upstream closed window {window.start} at {window.done}/{window.end}")
+            except UrlExpired:
+                log.info("signed URL for %s expired; resolving again", spec.path)
+                if self.cdn_url == cdn_url:
+                    self.cdn_url = None
+                failures += 1
+            except UpstreamUnavailable as exc:
+                failures = 0 if window.done > before else failures + 1
+                if failures >= _MAX_ATTEMPTS_WITHOUT_PROGRESS:
+                    raise UpstreamUnavailable(f"giving up on {spec.path} after {failures} failed tries: {exc}") from exc
+                log.info("window %d-%d of %s interrupted at %d (%s); resuming it", window.start, window.end,
+                         spec.path, window.done, exc)
+                await asyncio.sleep(min(0.2 * 2**failures, 5.0))
+            if failures >= _MAX_ATTEMPTS_WITHOUT_PROGRESS:
+                raise UpstreamUnavailable(f"giving up on {spec.path}: signed URLs keep expiring")
+
+    async def _copy(self, window: Window, body: BulkBody, rate: RateLimit | None) -> None:
+        """Socket → the window's bytes in the partial file, in a worker thread; progress reported on the loop."""
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+        counter = self.metrics.bytes_fetched
+
+        def report(offset: int) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                loop.call_soon_threadsafe(self._advanced, window, offset)
+
+        def run() -> None:
+            reported, reported_at = window.done, time.monotonic()
+            offset = window.done
+            try:
+                while offset < window.end and not stop.is_set():
+                    data = body.read_some(min(_READ_SIZE, window.end - offset + 1))
+                    if not data:
+                        break
+                    if offset + len(data) > window.end:
+                        raise IntegrityError(f"upstream sent more than the {window.end - window.start} bytes asked")
+                    view = memoryview(data)
+                    position = offset
+                    while view:
+                        written = os.pwrite(self.fd, view, position)
+                        view, position = view[written:], position + written
+                    offset += len(data)
+                    counter.inc(len(data))
+                    if rate is not None:
+                        rate.take(len(data))
+                    if offset - reported >= _REPORT_BYTES or time.monotonic() - reported_at >= _REPORT_SECONDS:
+                        reported, reported_at = offset, time.monotonic()
+                        report(offset)
+            finally:
+                report(offset)
+
+        done = asyncio.wrap_future(_WINDOW_POOL.submit(run))
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            stop.set()
+            body.abort()
+            await asyncio.wait([done])
+            raise
+
+    def _advanced(self, window: Window, offset: int) -> None:
+        window.done = max(window.done, offset)
+        contiguous = self.contiguous
+        for candidate in self.windows:
+            if candidate.end <= contiguous:
+                continue
+            if candidate.start > contiguous:
+                break
+            contiguous = candidate.done
+            if not candidate.complete:
+                break
+        if contiguous > self.contiguous:
+            self.contiguous = contiguous
+            now = time.monotonic()
+            if now - self._prefix_written_at >= _PREFIX_FILE_SECONDS or contiguous >= self.size:
+                self._prefix_written_at = now
+                write_prefix(self.fill.partial, contiguous)
+            self.fill.advance(contiguous)
+            self._more.set()
+
+    # --- hashing -------------------------------------------------------------------------------------------------
+
+    async def _hash(self) -> None:
+        """Hash the contiguous prefix in order, reading it back from the page cache."""
+        while self.hashed < self.size:
+            while self.contiguous <= self.hashed:
+                self._more.clear()
+                await self._more.wait()
+            stop = threading.Event()
+            done = asyncio.wrap_future(_WINDOW_POOL.submit(self._hash_to, self.contiguous, stop))
+            try:
+                await asyncio.shield(done)
+            except asyncio.CancelledError:  # the thread owns the fd until it returns: never abandoned
+                stop.set()
+                await asyncio.wait([done])
+                raise
+
+    def _hash_to(self, end: int, stop: threading.Event) -> None:
+        while self.hashed < end and not stop.is_set():
+            data = os.pread(self.fd, min(self.chunk_size, end - self.hashed), self.hashed)
+            if not data:
+                raise UpstreamUnavailable("the partial file is shorter than the bytes written to it")
+            self.hasher.update(data)
+            self.hashed += len(data)
