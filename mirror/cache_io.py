@@ -37,9 +37,8 @@ from huggingface_hub.file_download import repo_folder_name as hub_repo_folder_na
 from mirror import hf
 from mirror.access import AccessPolicy
 from mirror.errors import MirrorError
-from mirror.index import ApiEntry, FileEntry, MetadataIndex
+from mirror.index import ApiEntry, FileEntry, MetadataIndex, api_query_key, api_route_key
 from mirror.integrity import hash_file
-from mirror.service import _normalise_query
 from mirror.storage.base import BlobStore
 from mirror.sync.listings import listing_pages
 
@@ -89,7 +88,7 @@ def synthesize_api(index: MetadataIndex, repo: hf.RepoRef, commit: str, files: d
 
     def put(revision: str | None, route: str, query: list[tuple[str, str]], data: Any, immutable: bool) -> None:
         nonlocal written
-        key_query = _normalise_query(list(query), None)
+        key_query = api_query_key(list(query), None)
         if index.get_api(repo, revision, route, key_query) is not None:
             return
         body = json.dumps(data, separators=(",", ":")).encode()
@@ -110,12 +109,12 @@ def synthesize_api(index: MetadataIndex, repo: hf.RepoRef, commit: str, files: d
     # By commit (immutable when the listing is complete), and by every branch/tag that pointed at it (always
     # stale: a branch moves, so an online mirror asks upstream again).
     for revision, immutable in [(commit, complete), *((rev, False) for rev in revisions)]:
-        put(revision, "tree:", _TREE_QUERY, recursive, immutable)
+        put(revision, api_route_key("tree", ""), _TREE_QUERY, recursive, immutable)
         for directory, children in pages.items():
-            put(revision, f"tree:{directory}", _LS_QUERY, children, immutable)
-        put(revision, "revision:", [], info, immutable)
+            put(revision, api_route_key("tree", directory), _LS_QUERY, children, immutable)
+        put(revision, api_route_key("revision", ""), [], info, immutable)
     if "main" in revisions:
-        put(None, "info:", [], info, False)
+        put(None, api_route_key("info", ""), [], info, False)
     return written
 
 

@@ -25,6 +25,7 @@ from mirror.cache_io import export_repo, import_tree
 from mirror.config import ConfigError, Settings, format_size
 from mirror.errors import BadRequest
 from mirror.gc import repo_from_spec
+from mirror.index import index_dir
 from mirror.parts import Parts, build_parts
 
 
@@ -121,7 +122,7 @@ async def _du(parts: Parts, args: argparse.Namespace) -> int:
         "pinned_bytes": pinned_bytes, "unpinned_bytes": total - pinned_bytes,
         "unreferenced_blobs": len(orphan), "unreferenced_bytes": sum(b.size for b in orphan),
         "partials": len(partials), "partial_bytes": partial_bytes,
-        "index_bytes": _dir_bytes(parts.settings.cache_dir / "index"),
+        "index_bytes": _dir_bytes(index_dir(parts.settings.cache_dir)),
         "max_size": parts.settings.max_size, "by_type": by_type,
     }
     if args.json:

@@ -354,11 +354,6 @@ class MirrorService:
             yield body
 
 
-# Old names, for the modules that still import them from here (mirror.sync, mirror.cache_io): use mirror.index's.
-_blob_key = blob_key
-_normalise_query = api_query_key
-
-
 def _rewrite_json(body: bytes, route: str, target: hf.ApiTarget, revision: str | None, commit: str | None,
                   service: MirrorService) -> bytes:
     """Strip Xet fields, and learn ref -> commit from info JSON (``sha``)."""

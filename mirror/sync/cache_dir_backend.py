@@ -25,8 +25,8 @@ from mirror.access import Caller
 from mirror.config import Settings
 from mirror.errors import MirrorError
 from mirror.fill import Fill, FillManager, FillSpec
-from mirror.index import ApiEntry, FileEntry
-from mirror.service import ApiResult, _normalise_query
+from mirror.index import ApiEntry, FileEntry, api_query_key, api_route_key
+from mirror.service import ApiResult
 from mirror.sync.backend import CacheParts
 from mirror.sync.jobs import RemoteFile, RevisionJob, tree_files
 from mirror.sync.listings import LS_QUERY, PROBED_PATHS, TREE_QUERY, listing_pages, next_query
@@ -104,6 +104,7 @@ class CacheDirBackend:
         note = None
         if outcome == "stale":
             note = "upstream unreachable: kept the cached commit"
+            job.stale = True
         if not self.dry_run and not hf.is_commit(job.revision):
             if outcome == "stale":
                 pass  # keep the ref's confirmation time: it was not confirmed now
@@ -157,7 +158,7 @@ class CacheDirBackend:
         for revision, immutable in keyed:
             rows = listings if immutable else [("", TREE_QUERY, entries), *listings]
             for directory, query, children in rows:
-                route, key_query = f"tree:{directory}", _normalise_query(list(query), None)
+                route, key_query = api_route_key("tree", directory), api_query_key(list(query), None)
                 if immutable and self.index.get_api(repo, revision, route, key_query) is not None:
                     continue
                 body = json.dumps(children, separators=(",", ":")).encode()

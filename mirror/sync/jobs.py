@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from mirror.errors import HubError, MirrorError
-from mirror.service import _blob_key
+from mirror.index import blob_key
 from mirror.sync.manifest import RepoSpec
 
 
@@ -33,6 +33,7 @@ class RevisionJob:
     failed_files: int = 0
     error: str | None = None
     note: str | None = None
+    stale: bool = False  # upstream could not confirm the revision: the cached commit was kept (a failed job)
 
     @property
     def label(self) -> str:
@@ -49,7 +50,7 @@ def tree_files(entries: list[dict[str, Any]]) -> list[RemoteFile]:
         oid = (lfs or {}).get("oid") or entry.get("oid")
         if not isinstance(oid, str) or not oid or not isinstance(entry.get("path"), str):
             continue
-        files.append(RemoteFile(entry["path"], _blob_key(oid), int(entry.get("size") or 0), lfs is not None))
+        files.append(RemoteFile(entry["path"], blob_key(oid), int(entry.get("size") or 0), lfs is not None))
     return files
 
 

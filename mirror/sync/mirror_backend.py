@@ -15,7 +15,7 @@ from mirror import hf
 from mirror.config import Settings
 from mirror.errors import HubError, MirrorError
 from mirror.sync.jobs import RemoteFile, RevisionJob
-from mirror.sync.listings import LINK_NEXT_RE, LS_QUERY, TREE_QUERY
+from mirror.sync.listings import LS_QUERY, TREE_QUERY
 from mirror.sync.manifest import Manifest
 
 log = logging.getLogger("hf_mirror.sync")
@@ -59,8 +59,8 @@ class MirrorBackend:
         sha = data.get("sha") if isinstance(data, dict) else None
         if not isinstance(sha, str) or not hf.is_commit(sha):
             raise MirrorError(f"the mirror's /revision/{job.revision} answer carries no commit sha")
-        stale = response.headers.get(hf.H_MIRROR_CACHE) == "stale"
-        return sha, "mirror's upstream unreachable: kept its cached commit" if stale else None
+        job.stale = response.headers.get(hf.H_MIRROR_CACHE) == "stale"
+        return sha, "mirror's upstream unreachable: kept its cached commit" if job.stale else None
 
     async def list_tree(self, job: RevisionJob) -> list[dict[str, Any]]:
         assert job.commit is not None
@@ -76,9 +76,7 @@ class MirrorBackend:
             if not isinstance(data, list):
                 raise MirrorError("the tree listing is not a JSON list")
             entries.extend(e for e in data if isinstance(e, dict))
-            link = response.headers.get("link") or ""
-            match = LINK_NEXT_RE.search(link)
-            url, params = (match.group(1), None) if match else (None, None)
+            url, params = response.links.get("next", {}).get("url"), None
         return entries
 
     async def prepare(self, job: RevisionJob, entries: list[dict[str, Any]]) -> None:

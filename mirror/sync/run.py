@@ -57,7 +57,7 @@ async def _plan(backend: Backend, job: RevisionJob, reporter: Reporter) -> None:
     except (MirrorError, httpx.HTTPError, ValueError) as exc:
         job.error = error_text(exc)
         return
-    if job.note and job.note.startswith(("upstream unreachable", "mirror's upstream")):
+    if job.stale:
         job.error = job.note
     reporter.info(f"{job.label} -> {job.commit[:12] if job.commit else '?'}: {len(job.files)} files, "
                   f"{len(job.missing)} to fetch ({format_size(sum(f.size for f in job.missing))})")
