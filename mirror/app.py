@@ -33,6 +33,7 @@ from mirror.routes.peer import PeerFillHandler
 from mirror.routes.resolve import ResolveHandler
 from mirror.routes.viewer import ViewerHandler, is_viewer_host, viewer_target
 from mirror.routes.warm import WarmHandler
+from mirror.status import StatusBoard, StatusHistory
 from mirror.sync.warm import WarmJobs
 from mirror.upstream.viewer import ViewerUpstream
 from mirror.viewer import ViewerService
@@ -68,19 +69,26 @@ class Mirror:
                                                   ViewerUpstream(self.upstream, settings.viewer_upstream or ""),
                                                   metrics), metrics)
 
+        # The status page (mirror.status) and the operator's actions on one repo (mirror.routes.ops), issue 19.
+        visible = None if settings.auth_required else self._public  # open to anyone: the repos anyone may read
+        self.history = StatusHistory(metrics)
+        self.board = StatusBoard(self.cache, settings, self.upstream, self.fills, self.history, visible=visible,
+                                 warm_jobs=self.warm_jobs)
+        self.repo_actions = ops.RepoActions(self.cache, visible=visible, body_timeout=settings.header_timeout,
+                                            on_change=self.board.forget_pins)
+
     async def start(self) -> None:
         await self.parts.start()
+        self.history.start()
 
     async def close(self) -> None:
+        await self.history.aclose()
         await self.warm_jobs.aclose()
         await self.parts.aclose()
 
-    async def status(self) -> dict[str, Any]:
-        data = await self.cache.status(self.settings, self.upstream, self.fills)
-        if not self.settings.auth_required:  # open to anyone: only the names of repos anyone may read
-            data["repos"] = [r for r in data["repos"] if self._public(r["type"], r["id"])]
-            data["fills"] = [f for f in data["fills"] if self._public(*f["repo"].split(":", 1))]
-        return data
+    async def status(self, **params: Any) -> dict[str, Any]:
+        """One page of the status data (``page``, ``q``, ``per_page``): mirror.status.StatusBoard."""
+        return await self.board.data(**params)
 
     def _public(self, repo_type: str, repo_id: str) -> bool:
         repo = hf.RepoRef(hf.RepoType(repo_type), repo_id)
@@ -98,7 +106,7 @@ class MirrorApp:
         self.access_log = (AccessLog(settings.log_format, (settings.upstream_token or "",))
                            if settings.access_log else None)
         self.fastapi = FastAPI(title="hf-mirror", version="0.1.0", lifespan=self._lifespan)
-        ops.install(self.fastapi, self.metrics, self._status)
+        ops.install(self.fastapi, self.metrics, self._status, self._refresh)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, _app: FastAPI) -> AsyncIterator[None]:
@@ -116,9 +124,14 @@ class MirrorApp:
             if self.access_log is not None:
                 self.access_log.flush()
 
-    async def _status(self) -> dict[str, Any]:
+    async def _status(self, **params: Any) -> dict[str, Any]:
         assert self.mirror is not None
-        return await self.mirror.status()
+        return await self.mirror.status(**params)
+
+    async def _refresh(self) -> None:
+        """/metrics: the cache gauges from the last usage snapshot (refreshed in a thread, never waited for twice)."""
+        assert self.mirror is not None
+        await self.mirror.cache.current_snapshot()
 
     def caller(self, scope: Scope, repo: hf.RepoRef | None) -> Caller:
         """The request's identity (401 in auth mode without a valid mirror token), checked against the lists."""
@@ -171,6 +184,9 @@ class MirrorApp:
                                                        self.caller(scope, dataset))
             if raw_path.startswith(PEER_ROUTE):  # another node of the fleet; its lease token stands for auth
                 return await self.mirror.peer(scope, receive, send, raw_path[len(PEER_ROUTE):])
+            if raw_path.startswith(ops.ACTIONS_PREFIX):  # pin/unpin/evict one repo (mirror.routes.ops.RepoActions)
+                return await self.mirror.repo_actions(scope, receive, send, raw_path,
+                                                      lambda repo: self.caller(scope, repo))
             route = hf.classify(raw_path)
             if method == "OPTIONS":
                 await send_preflight(send, route.methods)

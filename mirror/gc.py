@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mirror.errors import IntegrityError
+from mirror.errors import IntegrityError, MirrorError
 from mirror.hf import RepoRef, RepoType
 from mirror.index import MetadataIndex
 from mirror.integrity import hash_file
@@ -427,6 +427,128 @@ class CacheManager:
                       for u in usage.repos],
         }
 
+
+    # --- the status page and the operator's actions (issue 19: added methods, the ones above are unchanged) -----
+
+    async def current_snapshot(self) -> UsageSnapshot:
+        """The usage snapshot for a request path: the last one at once (stale while a refresh runs in a thread);
+        only the very first call waits for a scan. Refreshes are spaced by at least ten times the last scan's own
+        duration, so a large cache is never scanned back to back (a 5-s scan runs at most every 50 s)."""
+        current = self._snapshot
+        age_limit = max(_SNAPSHOT_MAX_AGE, 10 * getattr(self, "_scan_seconds", 0.0))
+        if current is not None and time.time() - current.taken_at < age_limit:
+            return current
+        if self._snapshot_task is None or self._snapshot_task.done():
+            self._snapshot_task = asyncio.create_task(self._take_fast_snapshot())
+        if current is not None:
+            return current
+        return await asyncio.shield(self._snapshot_task)
+
+    async def _take_fast_snapshot(self) -> UsageSnapshot:
+        started = time.monotonic()
+        blobs = {b.etag: b for b in await self.blobs()}  # a thread per shard (the store's list_blobs)
+        repos = await asyncio.to_thread(self._scan_usage, blobs)
+        total = sum(b.size for b in blobs.values())
+        self.metrics.cache_bytes.set(total)
+        self.metrics.cache_blobs.set(len(blobs))
+        self._used = total
+        self._snapshot = UsageSnapshot(time.time(), total, len(blobs), tuple(repos))
+        self._scan_seconds = time.monotonic() - started
+        return self._snapshot
+
+    def _scan_usage(self, blobs: dict[str, BlobInfo]) -> list[RepoUsage]:
+        """Per-repo usage in one SQL pass over the file entries (``index.scan_files``); blobs counted once each."""
+        pinned = self.index.pinned_repos()
+        per_repo: dict[tuple[str, str], list[Any]] = {}
+        for repo_type, repo_id, entry in self.index.scan_files():
+            info = blobs.get(entry.etag) if entry.etag else None
+            if info is None:
+                continue
+            record = per_repo.get((repo_type, repo_id))
+            if record is None:
+                record = per_repo[(repo_type, repo_id)] = [set(), set(), 0.0]
+            record[0].add(entry.etag)
+            record[1].add(entry.commit)
+            if info.last_access > record[2]:
+                record[2] = info.last_access
+        return sorted(
+            (RepoUsage(t, r, len(etags), sum(blobs[e].size for e in etags), tuple(sorted(commits)), last,
+                       (t, r) in pinned)
+             for (t, r), (etags, commits, last) in per_repo.items()),
+            key=lambda u: (u.type, u.repo_id),
+        )
+
+    def _patch_snapshot(self, repo: RepoRef, *, pinned: bool | None = None, freed: tuple[int, int] | None = None,
+                        ) -> None:
+        """Keep the last snapshot true after an operator's action, without a scan: the page shows it at once."""
+        snap = self._snapshot
+        if snap is None:
+            return
+        key = (repo.type.value, repo.repo_id)
+        repos = []
+        for usage in snap.repos:
+            if (usage.type, usage.repo_id) == key:
+                if freed is not None:
+                    continue  # evicted: its blobs are gone (a blob another repo shares comes back on its next use)
+                if pinned is not None:
+                    usage = RepoUsage(usage.type, usage.repo_id, usage.files, usage.bytes, usage.commits,
+                                      usage.last_access, pinned)
+            repos.append(usage)
+        blobs, freed_bytes = freed or (0, 0)
+        self._snapshot = UsageSnapshot(snap.taken_at, snap.total_bytes - freed_bytes, snap.total_blobs - blobs,
+                                       tuple(repos))
+
+    async def pin_repo(self, repo: RepoRef) -> None:
+        """Pin one repo from the status page or the API (``operator``); eviction keeps its blobs."""
+        await asyncio.to_thread(self.index.pin_repo, repo, "operator")
+        self._patch_snapshot(repo, pinned=True)
+
+    async def unpin_repo(self, repo: RepoRef) -> str | None:
+        """Unpin one repo; returns what had pinned it (a sync manifest pins it again at its next run)."""
+        source = await asyncio.to_thread(self.index.unpin_repo, repo)
+        self._patch_snapshot(repo, pinned=False)
+        return source
+
+    async def evict_repo(self, repo: RepoRef) -> tuple[int, int]:
+        """Evict one unpinned repo's blobs now (its metadata stays: the next request fetches the files again); a
+        blob a pinned repo also uses, or one being filled, is kept. Reads only this repo's and the pinned repos'
+        index entries (range queries), never the whole index. Returns (blobs removed, bytes freed)."""
+        key = (repo.type.value, repo.repo_id)
+        async with self._lock:
+            pinned = await asyncio.to_thread(self.index.pinned_repos)
+            if key in pinned:
+                raise RepoPinned(f"{repo.type.value} {repo.repo_id} is pinned: unpin it first")
+
+            def etags() -> tuple[set[str], set[str]]:
+                mine = {e.etag for e in self.index.repo_files(repo) if e.etag and not e.missing}
+                kept: set[str] = set()
+                for repo_type, repo_id in pinned:
+                    kept.update(e.etag for e in self.index.repo_files(RepoRef(RepoType(repo_type), repo_id))
+                                if e.etag)
+                return mine, kept
+
+            mine, kept = await asyncio.to_thread(etags)
+            removed = freed = 0
+            for etag in sorted(mine - kept):
+                if self.is_busy(etag):
+                    continue
+                info = await self.store.stat(etag)
+                if info is not None and await self.store.delete(etag):
+                    removed += 1
+                    freed += info.size
+                    self.metrics.evictions.inc()
+            if self._used is not None:
+                self._used = max(0, self._used - freed)
+        self._patch_snapshot(repo, freed=(removed, freed))
+        log.info("operator evicted %s %s: %d blobs (%d bytes)", repo.type.value, repo.repo_id, removed, freed)
+        return removed, freed
+
+
+class RepoPinned(MirrorError):
+    """An operator asked to evict a pinned repo (``409``: unpin it first)."""
+
+    status = 409
+    code = "RepoPinned"
 
 def repo_from_spec(spec: str, default_type: str = "model") -> RepoRef:
     """``model:acme/x``, ``datasets/acme/x`` or ``acme/x`` -> RepoRef."""

@@ -257,3 +257,54 @@ class MetadataIndex:
             entry for repo_type, repo_id, entry in self.iter_files()
             if repo_type == repo.type.value and repo_id == repo.repo_id and entry.commit == commit
         ]
+
+    # --- operator actions and whole-index reads in one SQL pass (the status page, gc; issue 19) -------------------
+    # Added for the status page: one range query instead of a lookup per key (a million ``get`` calls take minutes).
+
+    def _rows_with_prefix(self, prefix: str) -> Iterator[tuple[str, Any]]:
+        """(key, value) of every live entry whose key starts with ``prefix``: one range scan of SQLite's key index."""
+        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        rows = self._cache._sql(
+            "SELECT key, mode, filename, value FROM Cache WHERE key >= ? AND key < ? AND raw = 1"
+            " AND (expire_time IS NULL OR expire_time > ?)", (prefix, upper, time.time()))
+        disk = self._cache._disk
+        for key, mode, filename, value in rows:
+            try:
+                yield key, disk.fetch(mode, filename, value, False)
+            except OSError:  # deleted meanwhile
+                continue
+
+    def scan_files(self) -> Iterator[tuple[str, str, FileEntry]]:
+        """Every file entry as (repo type, repo id, entry), like :meth:`iter_files` but in one SQL pass."""
+        for key, entry in self._rows_with_prefix("file" + _SEP):
+            parts = key.split(_SEP)
+            if len(parts) >= 3 and isinstance(entry, FileEntry):
+                yield parts[1], parts[2], entry
+
+    def repo_files(self, repo: RepoRef) -> list[FileEntry]:
+        """One repo's file entries (every commit), from a range query on its key prefix: no scan of the index."""
+        prefix = _key("file", repo.type.value, repo.repo_id, "")
+        return [entry for _key_, entry in self._rows_with_prefix(prefix) if isinstance(entry, FileEntry)]
+
+    def pin_sources(self) -> dict[tuple[str, str], str]:
+        """(type, repo id) -> what pinned it: a sync manifest's name, or ``operator``."""
+        out: dict[tuple[str, str], str] = {}
+        for key, source in self._rows_with_prefix("pin" + _SEP):
+            parts = key.split(_SEP)
+            if len(parts) == 3:
+                out[(parts[1], parts[2])] = str(source)
+        return out
+
+    def pin_repo(self, repo: RepoRef, source: str = "operator") -> None:
+        """Pin one repo (eviction keeps its blobs). A manifest's pin is kept as it is (the sync owns it)."""
+        key = _key("pin", repo.type.value, repo.repo_id)
+        if self._cache.get(key) is None:
+            self._cache.set(key, source)
+
+    def unpin_repo(self, repo: RepoRef) -> str | None:
+        """Unpin one repo, whatever pinned it; returns what had (a manifest pins it again at its next run)."""
+        key = _key("pin", repo.type.value, repo.repo_id)
+        source = self._cache.get(key)
+        if source is not None:
+            self._cache.delete(key)
+        return source

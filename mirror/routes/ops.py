@@ -1,19 +1,41 @@
-"""Operations routes: ``/healthz``, ``/metrics`` and the status page at ``/``."""
+"""Operations routes: ``/healthz``, ``/metrics``, the status page at ``/`` and its JSON at ``/api/mirror/status``
+(both take ``?page=&q=&per_page=``), and the operator's actions on one repo:
+``POST /api/mirror/repos/{type}/{org/name}/pin|unpin|evict`` (JSON answers; :class:`RepoActions`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from mirror import hf
+from mirror.asgi import Receive, Scope, Send
+from mirror.errors import AccessDenied, BadRequest, MethodNotAllowed, MirrorError, RouteNotFound
 from mirror.metrics import Metrics
+from mirror.routes.common import header, send_error
 from mirror.status import render_status_page
 
+if TYPE_CHECKING:
+    from mirror.gc import CacheManager
 
-def ops_router(metrics: Metrics, status: Callable[[], Any]) -> APIRouter:
+Status = Callable[..., Awaitable[dict[str, Any]]]
+
+ACTIONS_PREFIX = "/api/mirror/repos/"
+ACTIONS = ("pin", "unpin", "evict")
+_MAX_BODY = 4096
+
+
+def ops_router(metrics: Metrics, status: Status, refresh: Callable[[], Awaitable[Any]] | None = None) -> APIRouter:
     router = APIRouter()
+
+    def params(request: Request) -> dict[str, str | None]:
+        q = request.query_params
+        return {"page": q.get("page"), "q": q.get("q"), "per_page": q.get("per_page")}
 
     @router.get("/healthz")
     async def healthz() -> JSONResponse:
@@ -22,22 +44,131 @@ def ops_router(metrics: Metrics, status: Callable[[], Any]) -> APIRouter:
 
     @router.get("/metrics")
     async def metrics_endpoint() -> Response:
-        """Prometheus metrics."""
-        await status()  # refreshes the cache-size gauges
+        """Prometheus metrics (the cache-size gauges from the last usage snapshot: no scan on this path)."""
+        await (refresh() if refresh is not None else status())
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @router.get("/api/mirror/status")
-    async def status_json() -> JSONResponse:
-        """The status page's data as JSON."""
-        return JSONResponse(await status())
+    async def status_json(request: Request) -> JSONResponse:
+        """The status page's data as JSON: ``?q=`` searches repo names, ``?page=`` (1-based), ``?per_page=``."""
+        return JSONResponse(await status(**params(request)))
 
     @router.get("/", response_class=HTMLResponse)
-    async def status_page() -> HTMLResponse:
-        """Server-rendered status page."""
-        return HTMLResponse(render_status_page(await status()))
+    async def status_page(request: Request) -> HTMLResponse:
+        """Server-rendered status page (same parameters as the JSON)."""
+        return HTMLResponse(render_status_page(await status(**params(request))))
 
     return router
 
 
-def install(app: FastAPI, metrics: Metrics, status: Callable[[], Any]) -> None:
-    app.include_router(ops_router(metrics, status))
+def install(app: FastAPI, metrics: Metrics, status: Status, refresh: Callable[[], Awaitable[Any]] | None = None,
+            ) -> None:
+    app.include_router(ops_router(metrics, status, refresh))
+
+
+# --- the operator's actions on one repo --------------------------------------------------------------------------
+
+
+class UnsupportedMediaType(MirrorError):
+    status = 415
+    code = "UnsupportedMediaType"
+
+
+def parse_action(raw_path: str) -> tuple[hf.RepoRef, str]:
+    """``/api/mirror/repos/model/acme/x/pin`` -> (model acme/x, ``pin``); 404 for anything else."""
+    rest = raw_path[len(ACTIONS_PREFIX):].rstrip("/")
+    kind, _, rest = rest.partition("/")
+    repo_id, _, action = rest.rpartition("/")
+    if action not in ACTIONS or kind not in ("model", "dataset", "space") or not repo_id:
+        raise RouteNotFound("expected POST /api/mirror/repos/{model|dataset|space}/{org/name}/{pin|unpin|evict}")
+    return hf.RepoRef(hf.RepoType(kind), hf.validate_repo_id(repo_id)), action
+
+
+def refuse_cross_site(scope: Scope) -> None:
+    """No web page on another origin may trigger an action: the body must be JSON (a cross-origin page must then
+    send a preflight, which these routes never grant), and a browser's request from another origin is refused by
+    its ``Origin`` / ``Sec-Fetch-Site`` headers (a plain form cannot send JSON, but belt and braces)."""
+    if "application/json" not in (header(scope, b"content-type") or "").lower():
+        raise UnsupportedMediaType("send the request with Content-Type: application/json")
+    site = (header(scope, b"sec-fetch-site") or "").lower()
+    origin = header(scope, b"origin")
+    if site and site not in ("same-origin", "none"):
+        raise AccessDenied("cross-site requests cannot change the mirror", status=403, code="CrossSiteRequest")
+    if origin is None:
+        return  # not a browser's cross-origin request (browsers send Origin on every cross-origin POST)
+    # Host names only: a front (nginx's ``proxy_set_header Host $host``) may drop the port the browser used.
+    hosts = {_hostname(header(scope, b"host")), _hostname(header(scope, b"x-forwarded-host"))} - {""}
+    if origin == "null" or (urlsplit(origin).hostname or "").lower() not in hosts:
+        raise AccessDenied("cross-origin requests cannot change the mirror", status=403, code="CrossSiteRequest")
+
+
+def _hostname(value: str | None) -> str:
+    return (urlsplit("//" + value.split(",")[0].strip()).hostname or "").lower() if value else ""
+
+
+class RepoActions:
+    """``POST /api/mirror/repos/{type}/{repo}/pin|unpin|evict``. In mirror-auth mode a mirror token whose patterns
+    allow the repo is required; without it, any caller that reaches the mirror, but never a page of another site
+    (:func:`refuse_cross_site`), and only on repos the status page lists (the public ones)."""
+
+    def __init__(self, cache: CacheManager, *, visible: Callable[[str, str], bool] | None, body_timeout: float,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.cache = cache
+        self.visible = visible
+        self.body_timeout = body_timeout
+        self.on_change = on_change
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, raw_path: str,
+                       authorize: Callable[[hf.RepoRef], Any]) -> str:
+        method = scope["method"]
+        try:
+            repo, action = parse_action(raw_path)
+            if method == "OPTIONS":  # answered, but nothing granted: no Access-Control-Allow-Headers/-Methods
+                await send({"type": "http.response.start", "status": 204,
+                            "headers": [(b"allow", b"POST, OPTIONS"), (b"content-length", b"0")]})
+                await send({"type": "http.response.body", "body": b""})
+                return "options"
+            if method != "POST":
+                raise MethodNotAllowed(f"{method} is not allowed here: POST", allow=("POST",))
+            refuse_cross_site(scope)
+            await self._drain(receive)
+            authorize(repo)  # 401 without a mirror token in auth mode; the lists and the token's patterns
+            if self.visible is not None and not await asyncio.to_thread(self.visible, repo.type.value,
+                                                                        repo.repo_id):
+                raise RouteNotFound(f"{repo.type.value} {repo.repo_id} is not a cached public repo of this mirror")
+            result: dict[str, Any] = {"type": repo.type.value, "repo": repo.repo_id, "action": action}
+            if action == "pin":
+                await self.cache.pin_repo(repo)
+                result["pinned"] = True
+            elif action == "unpin":
+                result["was_pinned_by"] = await self.cache.unpin_repo(repo)
+                result["pinned"] = False
+            else:
+                blobs, freed = await self.cache.evict_repo(repo)
+                result.update(blobs=blobs, freed_bytes=freed)
+            if self.on_change is not None:
+                self.on_change()
+            body = json.dumps(result).encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode()),
+                                    (b"cache-control", b"no-store")]})
+            await send({"type": "http.response.body", "body": body})
+            return action
+        except MirrorError as exc:
+            await send_error(send, exc, head=method == "HEAD")
+            return "error"
+
+    async def _drain(self, receive: Receive) -> None:
+        size = 0
+        try:
+            async with asyncio.timeout(self.body_timeout):
+                while True:
+                    message = await receive()
+                    size += len(message.get("body", b""))
+                    if size > _MAX_BODY:
+                        raise BadRequest(f"request body over {_MAX_BODY} bytes")
+                    if not message.get("more_body"):
+                        return
+        except TimeoutError:
+            raise BadRequest(f"request body not received within {self.body_timeout:g} s") from None
