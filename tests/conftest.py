@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,31 @@ import pytest
 from tests import s3_server
 from tests.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.mirror_proc import MirrorProcess
+
+
+def _live_children() -> list[str]:
+    """Processes this test process started that are still running (zombies are dead: not counted)."""
+    me = str(os.getpid())
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if fields[1] == me and fields[0] != "Z":
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    command = f.read().replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{pid}: {command[:200]}")
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind() -> Iterator[None]:
+    """Every test stops what it starts, by PID: the suite fails when a process it started outlives it."""
+    yield
+    left = _live_children()
+    assert not left, "processes started by the tests are still running:\n" + "\n".join(left)
 
 
 @pytest.fixture(scope="module")

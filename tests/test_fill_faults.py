@@ -219,7 +219,7 @@ def test_no_disk_room_relays_without_storing(emu: EmulatorHandle, cache: Path, t
 
     impossible = str(shutil.disk_usage(tmp_path).free + 2**40)
     data = emu.files.file_bytes("dataset", BIG, "main", "big.bin")
-    with MirrorProcess(emu.url, cache, "--min-free-space", impossible).start() as mirror:
+    with MirrorProcess(emu.url, cache, "--min-free-space", impossible) as mirror:
         response = httpx.get(mirror.url + BIG_URL, timeout=60)
         assert response.status_code == 200 and response.content == data
         assert response.headers["x-mirror-cache"] == "passthrough"
@@ -279,7 +279,7 @@ async def test_make_room_evicts_least_recently_used_blobs(tmp_path: Path, monkey
 def test_head_says_miss_when_only_the_metadata_is_cached(emu: EmulatorHandle, cache: Path) -> None:
     url = "/acme/tiny-model/resolve/main/config.json"
     etag = emu.files.etag("model", "acme/tiny-model", "main", "config.json")
-    with MirrorProcess(emu.url, cache).start() as mirror:
+    with MirrorProcess(emu.url, cache) as mirror:
         assert httpx.get(mirror.url + url).status_code == 200
         assert httpx.head(mirror.url + url).headers["x-mirror-cache"] == "hit"
         blob(cache, etag).unlink()  # evicted, say: the metadata stays in the index
