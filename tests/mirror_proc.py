@@ -110,3 +110,13 @@ def run_client(code: str, endpoint: str, hf_home: Path, *, python: str = sys.exe
     if proc.returncode != 0:
         raise AssertionError(f"client failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def metric(mirror: MirrorProcess, name: str, **labels: str) -> float:
+    """The sum of a metric's samples on the mirror's /metrics (``name`` as written there, e.g.
+    ``hf_mirror_bytes_fetched_total``), read with prometheus_client's own parser; 0 when absent."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(mirror.url + "/metrics", timeout=5).text
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.hub_emulator.runner import EmulatorHandle, run_emulator
-from tests.mirror_proc import MirrorProcess, run_client
+from tests.mirror_proc import MirrorProcess, metric, run_client
 
 BIG = "acme/big-data"
 BIG_URL = f"/datasets/{BIG}/resolve/main/big.bin"
@@ -49,12 +49,6 @@ def big_sha(emu: EmulatorHandle) -> str:
 
 def blob(cache: Path, etag: str) -> Path:
     return cache / "blobs" / etag[:2] / etag
-
-
-def metric(mirror: MirrorProcess, name: str) -> float:
-    text = httpx.get(mirror.url + "/metrics", timeout=5).text
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith(name) and not line.startswith("#") and line[len(name)] in " {")
 
 
 async def download(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, float, float]:

@@ -22,7 +22,7 @@ import pytest
 
 from mirror.sync.manifest import ManifestError, load_manifest, parse_manifest
 from mirror.sync.selection import select
-from tests.mirror_proc import REPO_ROOT, MirrorProcess, run_client
+from tests.mirror_proc import REPO_ROOT, MirrorProcess, metric, run_client
 
 MODEL = "acme/tiny-model"
 PARQUET = "acme/tiny-parquet"
@@ -337,12 +337,6 @@ def test_interrupted_sync_resumes(emu: Any, hub: Hub, tmp_path: Path) -> None:
     assert "0 corrupt" in verify.stdout
 
 
-def _metric(mirror: MirrorProcess, name: str) -> float:
-    text = httpx.get(mirror.url + "/metrics", timeout=5).text
-    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
-    return sum(values)
-
-
 def test_sync_and_running_server_share_one_fill(emu: Any, hub: Hub, tmp_path: Path) -> None:
     """A client asks the server for the file the sync is downloading: one upstream download in all."""
     path, size = _big_path(hub)
@@ -372,7 +366,7 @@ def test_sync_and_running_server_share_one_fill(emu: Any, hub: Hub, tmp_path: Pa
                 proc.kill()
         assert proc.returncode == 0, output
         assert digest.hexdigest() == etag
-        server_fetched = _metric(mirror, "hf_mirror_bytes_fetched_total")
+        server_fetched = metric(mirror, "hf_mirror_bytes_fetched_total")
     assert fetched_bytes(output) + server_fetched == size, (fetched_bytes(output), server_fetched)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from mirror.harness.protocol import HarnessError
 
 
@@ -47,14 +49,12 @@ def scrape_bytes_served(endpoint: str) -> float | None:
         return None
     if status != 200:
         return None
-    total, seen = 0.0, False
-    for line in text.splitlines():
-        if line.startswith("hf_mirror_bytes_served_total"):
-            try:
-                total += float(line.rsplit(" ", 1)[1])
-                seen = True
-            except (IndexError, ValueError):
-                continue
-    if not seen and "hf_mirror_bytes_served" in text:
-        return 0.0  # a mirror that has served nothing yet: the labelled counter has no samples
-    return total if seen else None
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError:
+        return None  # not Prometheus text: not a mirror
+    served = [f for f in families if f.name == "hf_mirror_bytes_served"]
+    if not served:
+        return None
+    # A mirror that has served nothing yet has the family without samples: 0.
+    return sum(s.value for s in served[0].samples if s.name == "hf_mirror_bytes_served_total")
