@@ -254,6 +254,19 @@ class Emulator:
                 payload["expired_before"] = time.time() + 0.001
             self.faults = Faults(**payload) if payload.pop("replace", True) else self.faults
             result = {"faults": self.faults.__dict__}
+        elif action == "create-repo":
+            files = {p: d.encode("latin-1") for p, d in payload.get("files", {}).items()}
+            try:
+                sha = self.files.create_repo(payload["type"], payload["repo"], files, payload.get("tags"),
+                                             bool(payload.get("private")))
+            except ValueError as exc:
+                raise hub_error(409, None, str(exc)) from None
+            result = {"sha": sha}
+        elif action == "delete-repo":
+            if (payload["type"], payload["repo"]) not in self.files.repos:
+                raise hub_error(404, "RepoNotFound", "Repository not found")
+            self.files.delete_repo(payload["type"], payload["repo"])
+            result = {"ok": True}
         elif action == "push":
             changes = {p: d.encode("latin-1") for p, d in payload["changes"].items()}
             result = {"sha": self.files.push(payload["type"], payload["repo"], payload["branch"], changes)}
@@ -355,6 +368,8 @@ class Emulator:
         if segments == ["agent-harnesses"]:
             return json_response({"standardEnvVars": [], "harnesses": {}})
         repo_type = TYPES.get(segments[0]) if segments else None
+        if repo_type is not None and len(segments) == 1 and method in ("GET", "HEAD"):
+            return self.list_repos(repo_type, query, headers, token)
         if repo_type is None or len(segments) < 2:
             return hub_error(404, None, "Not Found")
         rest = segments[1:]
@@ -397,6 +412,50 @@ class Emulator:
             return json_response([{"id": commit.sha, "title": commit.title, "message": "", "authors": [],
                                    "date": LAST_MODIFIED}])
         return hub_error(404, None, "Not Found")
+
+    def list_repos(self, repo_type: str, query: dict[str, list[str]], headers: Headers,
+                   token: str | None) -> Response:
+        """``/api/{models,datasets,spaces}``: the Hub's list API. ``author`` (exact), ``search`` (substring of the
+        id, case-insensitive), every ``filter`` value among the repo's tags (or its id), private repos only for a
+        token that may see them; pages of ``limit`` (at most 1000; default the emulator's page size) with the
+        Hub's ``Link: <...cursor=...>; rel="next"``."""
+        self.counts["api_list"] += 1
+        author = (query.get("author") or [""])[0]
+        search = (query.get("search") or [""])[0].lower()
+        filters = [f for value in query.get("filter", []) for f in value.split(",") if f]
+        rows = []
+        for (kind, repo_id), repo in sorted(self.files.repos.items()):
+            if kind != repo_type or not repo.visible_to(token):
+                continue
+            if author and ("/" not in repo_id or repo_id.split("/")[0] != author):
+                continue
+            if search and search not in repo_id.lower():
+                continue
+            if not all(f in repo.hub_tags or f == repo_id for f in filters):
+                continue
+            main = repo.commits[repo.branches["main"]] if "main" in repo.branches else None
+            row: dict[str, Any] = {"_id": hashlib.sha1(repo_id.encode()).hexdigest()[:24], "id": repo_id,
+                                   "author": repo_id.split("/")[0] if "/" in repo_id else None,
+                                   "private": repo.private, "gated": "manual" if repo.gated else False,
+                                   "downloads": 7, "likes": 1, "tags": list(repo.hub_tags), "createdAt": CREATED_AT}
+            if repo_type == "model":
+                row["modelId"] = repo_id
+            if repo_type == "dataset" and main is not None:
+                row["sha"] = main.sha
+            rows.append(row)
+        try:
+            limit = min(int((query.get("limit") or [str(self.page_size)])[0]), 1000)
+            cursor = int((query.get("cursor") or ["0"])[0] or 0)
+        except ValueError:
+            return hub_error(400, None, "Invalid limit or cursor")
+        limit = max(limit, 1)
+        out: Headers = {}
+        if cursor + limit < len(rows):
+            params = [(k, v) for k, values in query.items() if k != "cursor" for v in values]
+            params.append(("cursor", str(cursor + limit)))
+            qs = "&".join(f"{quote(k)}={quote(v, safe='')}" for k, v in params)
+            out["link"] = f'<http://{headers.get("host", "")}/api/{repo_type}s?{qs}>; rel="next"'
+        return json_response(rows[cursor: cursor + limit], out)
 
     @staticmethod
     def paths_from_body(body: bytes, headers: Headers) -> list[str]:

@@ -96,6 +96,7 @@ class Repo:
     tags: dict[str, str] = field(default_factory=dict)
     prs: dict[str, str] = field(default_factory=dict)  # "refs/pr/1" -> sha
     converts: dict[str, str] = field(default_factory=dict)  # "parquet" -> sha (refs/convert/parquet)
+    hub_tags: list[str] = field(default_factory=list)  # what the list API's ``filter=`` matches (library, license...)
 
     def add_commit(self, files: dict[str, RepoFile], title: str) -> Commit:
         digest = hashlib.sha1(f"{self.repo_type}/{self.repo_id}/{len(self.commits)}/{title}".encode())
@@ -229,6 +230,7 @@ def build_repos(workdir: Path, big_file_size: int) -> dict[tuple[str, str], Repo
     tiny.branches.update(main=main.sha, dev=dev.sha)
     tiny.tags["v1.0"] = v1.sha
     tiny.prs["refs/pr/1"] = pr.sha
+    tiny.hub_tags[:] = ["transformers", "safetensors", "bert", "license:mit"]
 
     # Repo ids without an org, as the Hub still serves them.
     for repo_id in ("gpt2", "openai-community/gpt2"):
@@ -269,10 +271,12 @@ def build_repos(workdir: Path, big_file_size: int) -> dict[tuple[str, str], Repo
                                                lfs=True),
     }, "Update parquet files")
     parquet.converts["parquet"] = convert.sha
+    parquet.hub_tags[:] = ["format:parquet", "modality:tabular", "license:mit"]
     jsonl = add(Repo("dataset", "acme/tiny-jsonl"))
     commit = jsonl.add_commit({"train.jsonl": make_file("train.jsonl", _jsonl(_rows(30, 3))),
                                "test.jsonl": make_file("test.jsonl", _jsonl(_rows(10, 4)))}, "init")
     jsonl.branches["main"] = commit.sha
+    jsonl.hub_tags[:] = ["format:json", "license:apache-2.0"]
 
     big = add(Repo("dataset", "acme/big-data"))
     commit = big.add_commit({"README.md": make_file("README.md", b"# big-data\n"),
@@ -326,6 +330,22 @@ class Fixtures:
 
     def row_count(self, repo_id: str, split: str) -> int:
         return self.rows[(repo_id, split)]
+
+    def create_repo(self, repo_type: str, repo_id: str, files: dict[str, bytes], tags: list[str] | None = None,
+                    private: bool = False) -> str:
+        """A new repo upstream with one commit on ``main`` (what ``EmulatorHandle.create_repo`` mirrors remotely);
+        returns the commit sha."""
+        if (repo_type, repo_id) in self.repos:
+            raise ValueError(f"{repo_type}:{repo_id} exists")
+        repo = Repo(repo_type, repo_id, private=private, hub_tags=list(tags or []))
+        commit = repo.add_commit({p: make_file(p, d, lfs=p.endswith((".safetensors", ".parquet", ".bin")))
+                                  for p, d in files.items()}, "initial commit")
+        repo.branches["main"] = commit.sha
+        self.repos[(repo_type, repo_id)] = repo
+        return commit.sha
+
+    def delete_repo(self, repo_type: str, repo_id: str) -> None:
+        del self.repos[(repo_type, repo_id)]
 
     def push(self, repo_type: str, repo_id: str, branch: str, changes: dict[str, bytes]) -> str:
         """A new commit on ``branch`` with ``changes`` applied (what ``EmulatorHandle.push`` mirrors remotely)."""

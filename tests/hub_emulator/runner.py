@@ -111,6 +111,22 @@ class EmulatorHandle:
         assert remote == local, (remote, local)
         return local
 
+    def create_repo(self, repo_type: str, repo_id: str, files: dict[str, bytes], *, tags: list[str] | None = None,
+                    private: bool = False) -> str:
+        """A new repo upstream (and in ``files``) with one commit on ``main``, listed by the list API from now on;
+        returns the commit sha."""
+        remote = self._control("create-repo", {"type": repo_type, "repo": repo_id, "tags": tags or [],
+                                               "private": private,
+                                               "files": {p: d.decode("latin-1") for p, d in files.items()}})["sha"]
+        local = self.files.create_repo(repo_type, repo_id, files, tags, private)
+        assert remote == local, (remote, local)
+        return local
+
+    def delete_repo(self, repo_type: str, repo_id: str) -> None:
+        """Delete a repo upstream (and from ``files``): its routes answer RepoNotFound, the list API omits it."""
+        self._control("delete-repo", {"type": repo_type, "repo": repo_id})
+        self.files.delete_repo(repo_type, repo_id)
+
     def fetch_count(self, repo_type: str, repo_id: str, path: str) -> int:
         return int(self.stats()["fetches"].get(f"{repo_type}:{repo_id}/{path}", 0))
 
