@@ -20,6 +20,7 @@ from mirror.sync.manifest import load_manifest
 from mirror.sync.mirror_backend import MirrorBackend
 from mirror.sync.progress import PlainReporter, Reporter, RichReporter
 from mirror.sync.run import SyncResult, run_sync
+from mirror.sync.state import SyncState, default_state_path
 from mirror.sync.summary import print_summary
 
 log = logging.getLogger("hf_mirror.sync")
@@ -39,6 +40,9 @@ def flags() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="list what would be fetched and how many bytes")
     parser.add_argument("--concurrency", type=int, help=f"files fetched in parallel (default: the manifest's, "
                         f"else {DEFAULT_CONCURRENCY})")
+    parser.add_argument("--state", type=Path, metavar="FILE",
+                        help="where the [[select]] rules' last listing is kept (default: <cache-dir>/sync-state/"
+                        "<hash of the manifest path>.json; with --mirror, under $XDG_STATE_HOME/hf-mirror)")
     parser.add_argument("--progress", choices=("auto", "bars", "plain"), default="auto",
                         help="progress bars (terminal) or plain log lines (default: auto)")
     return parser
@@ -70,12 +74,18 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         backend = CacheDirBackend(settings, dry_run=args.dry_run, parts=parts, owns_parts=True)
         pins_note = None if args.dry_run else f"pinned {len(manifest.repos)} repo(s) for {manifest.source}"
     target = args.mirror or str(settings.cache_dir)
+    state = None
+    if manifest.selects:
+        state_path = args.state or default_state_path(manifest.source, settings.cache_dir, args.mirror)
+        state = SyncState.load(state_path, manifest.source)
+    rules = f", {len(manifest.selects)} [[select]] rule(s)" if manifest.selects else ""
     reporter.info(f"sync {manifest.path} -> {target}{' (dry run)' if args.dry_run else ''}: "
-                  f"{len(manifest.repos)} repo(s)")
+                  f"{len(manifest.repos)} repo(s){rules}")
 
     async def main() -> SyncResult:
         try:
-            return await run_sync(manifest, backend, reporter, concurrency=concurrency, dry_run=args.dry_run)
+            return await run_sync(manifest, backend, reporter, concurrency=concurrency, dry_run=args.dry_run,
+                                  state=state)
         finally:
             await _close(backend.aclose())
 
@@ -89,8 +99,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if state is not None and not args.dry_run:
+        state.save()  # the listing is recorded even when some repos failed: they are retried, not "new" again
+    if pins_note and result.selection is not None and not args.dry_run:
+        pins_note = (f"pinned {len(manifest.repos) + len(result.selection.specs) + len(result.selection.kept)} "
+                     f"repo(s) for {manifest.source}")
     print_summary(result, pins_note=pins_note)
-    return 1 if result.failed else 0
+    return 0 if result.ok else 1
 
 
 async def _close(closing: Awaitable[None]) -> None:

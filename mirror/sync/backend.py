@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from mirror import hf
 from mirror.access import AccessPolicy
 from mirror.config import Settings
 from mirror.fill import FillManager
@@ -38,6 +39,10 @@ class Backend(Protocol):
     pins_supported: bool
     default_token: str | None
 
+    async def list_repos(self, repo_type: hf.RepoType, query: list[tuple[str, str]], token: str | None
+                         ) -> list[dict[str, Any]]:
+        """Every row of upstream's list API (``/api/{type}s?...``), following its ``Link`` pages."""
+        ...
     async def resolve(self, job: RevisionJob) -> tuple[str, str | None]: ...
     async def list_tree(self, job: RevisionJob) -> list[dict[str, Any]]: ...
     async def prepare(self, job: RevisionJob, entries: list[dict[str, Any]]) -> None: ...

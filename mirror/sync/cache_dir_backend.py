@@ -96,6 +96,28 @@ class CacheDirBackend:
             result = await self.service.api(target, "GET", raw_path, query, None, self._caller(job))
         return json.loads(result.body), result.headers, result.outcome
 
+    async def list_repos(self, repo_type: hf.RepoType, query: list[tuple[str, str]], token: str | None
+                         ) -> list[dict[str, Any]]:
+        """Upstream's list API, every page (its ``Link`` next cursor), straight from upstream (listings are not
+        cached: the server relays them too)."""
+        rows: list[dict[str, Any]] = []
+        page: list[tuple[str, str]] | None = list(query)
+        seen: set[str] = set()
+        while page is not None:
+            path_qs = f"/api/{repo_type.value}s?{urlencode(page)}"
+            if path_qs in seen:
+                raise MirrorError("the list API's pagination loops (a next link repeats a page)")
+            seen.add(path_qs)
+            response = await self.upstream.api("GET", path_qs, token)
+            if response.status_code >= 400:
+                raise hub_error(response, resolve=False)
+            data = json.loads(response.content)
+            if not isinstance(data, list):
+                raise MirrorError("the list API's answer is not a JSON list")
+            rows.extend(r for r in data if isinstance(r, dict))
+            page = next_query(response.headers.items())
+        return rows
+
     async def resolve(self, job: RevisionJob) -> tuple[str, str | None]:
         data, _, outcome = await self._api(job, "revision", job.revision, "", [])
         sha = data.get("sha") if isinstance(data, dict) else None

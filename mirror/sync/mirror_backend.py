@@ -15,7 +15,7 @@ from mirror import hf
 from mirror.config import Settings
 from mirror.errors import HubError, MirrorError
 from mirror.sync.jobs import RemoteFile, RevisionJob
-from mirror.sync.listings import LS_QUERY, TREE_QUERY
+from mirror.sync.listings import LINK_NEXT_RE, LS_QUERY, TREE_QUERY
 from mirror.sync.manifest import Manifest
 
 log = logging.getLogger("hf_mirror.sync")
@@ -50,6 +50,31 @@ class MirrorBackend:
             message = response.headers.get(hf.H_ERROR_MESSAGE) or response.text[:200]
             raise HubError(response.status_code, code, message)
         return response.json(), response
+
+    async def list_repos(self, repo_type: hf.RepoType, query: list[tuple[str, str]], token: str | None
+                         ) -> list[dict[str, Any]]:
+        """The list API through the mirror (relayed with this token, its ``Link`` pointed at the mirror)."""
+        rows: list[dict[str, Any]] = []
+        url: str | None = f"{self.base}/api/{repo_type.value}s"
+        params: list[tuple[str, str]] | None = list(query)
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        seen: set[str] = set()
+        while url is not None:
+            key = url + repr(params)
+            if key in seen:
+                raise MirrorError("the list API's pagination loops (a next link repeats a page)")
+            seen.add(key)
+            response = await self.client.get(url, params=params, headers=headers)
+            if response.status_code >= 400:
+                raise HubError(response.status_code, response.headers.get(hf.H_ERROR_CODE),
+                               response.headers.get(hf.H_ERROR_MESSAGE) or response.text[:200])
+            data = response.json()
+            if not isinstance(data, list):
+                raise MirrorError("the list API's answer is not a JSON list")
+            rows.extend(r for r in data if isinstance(r, dict))
+            match = LINK_NEXT_RE.search(response.headers.get("link") or "")
+            url, params = (match.group(1), None) if match else (None, None)
+        return rows
 
     def _api_url(self, job: RevisionJob, sub: str, revision: str) -> str:
         return f"{self.base}{job.spec.repo.api_path()}/{sub}/{quote(revision, safe='')}"

@@ -102,7 +102,7 @@ class RichReporter:
             self.progress.console.print(f"[red]FAILED[/red] {label}: {message}")
 
     def info(self, message: str) -> None:
-        self.progress.console.print(message)
+        self.progress.console.print(message, markup=False)
 
     def stop(self) -> None:
         self.progress.stop()

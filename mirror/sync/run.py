@@ -7,17 +7,19 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
 from mirror.config import format_size
-from mirror.errors import MirrorError
+from mirror.errors import HubError, MirrorError
 from mirror.sync.backend import Backend
+from mirror.sync.expand import Selection, expand
 from mirror.sync.jobs import RemoteFile, RevisionJob, error_text, tree_files
-from mirror.sync.manifest import Manifest
+from mirror.sync.manifest import PARQUET_REF, Manifest
 from mirror.sync.progress import Reporter
 from mirror.sync.selection import select
+from mirror.sync.state import SyncState
 
 
 @dataclass
@@ -29,10 +31,16 @@ class SyncResult:
     to_fetch_bytes: int
     dry_run: bool
     elapsed: float
+    selection: Selection | None = None  # the [[select]] rules' listings, when the manifest has any
 
     @property
     def failed(self) -> list[RevisionJob]:
         return [j for j in self.jobs if j.error]
+
+    @property
+    def ok(self) -> bool:
+        """No revision failed and every [[select]] listing answered (the exit code: 0, else 1)."""
+        return not self.failed and not (self.selection is not None and self.selection.failed)
 
 
 async def _plan(backend: Backend, job: RevisionJob, reporter: Reporter) -> None:
@@ -44,13 +52,24 @@ async def _plan(backend: Backend, job: RevisionJob, reporter: Reporter) -> None:
             return
     else:
         job.token = backend.default_token  # --upstream-token / HF_TOKEN, as the server uses for anonymous callers
+    # The conversion branch asked for by ``parquet_branch`` is taken whole: the patterns are written for main's
+    # layout, the branch's is {config}/{split}/NNNN.parquet.
+    whole = spec.parquet_branch and job.revision == PARQUET_REF
+    allow, ignore = (None, None) if whole else (spec.allow, spec.ignore)
     try:
-        job.commit, job.note = await backend.resolve(job)
+        try:
+            job.commit, job.note = await backend.resolve(job)
+        except HubError as exc:
+            if whole and exc.status == 404 and exc.code == "RevisionNotFound":
+                job.note = f"no {PARQUET_REF} upstream (not converted)"
+                reporter.info(f"{job.label}: {job.note}")
+                return
+            raise
         entries = await backend.list_tree(job)
         all_files = tree_files(entries)
-        chosen = set(select([f.path for f in all_files], spec.allow, spec.ignore))
+        chosen = set(select([f.path for f in all_files], allow, ignore))
         job.files = [f for f in all_files if f.path in chosen]
-        if not job.files and (spec.allow is not None or spec.ignore is not None):
+        if not job.files and (allow is not None or ignore is not None):
             job.note = "no file matches the allow/ignore patterns"
         await backend.prepare(job, entries)
         job.missing = [f for f in job.files if not await backend.cached(job, f)]
@@ -64,11 +83,15 @@ async def _plan(backend: Backend, job: RevisionJob, reporter: Reporter) -> None:
 
 
 async def run_sync(manifest: Manifest, backend: Backend, reporter: Reporter, *, concurrency: int,
-                   dry_run: bool, on_planned: Callable[[list[RevisionJob]], None] | None = None) -> SyncResult:
-    """Plan every job, then fetch each missing blob once. ``on_planned``: told the planned jobs (a warm job's
-    totals come from there)."""
+                   dry_run: bool, on_planned: Callable[[list[RevisionJob]], None] | None = None,
+                   state: SyncState | None = None) -> SyncResult:
+    """List the [[select]] rules (compared with ``state``, updated in memory: the caller saves it), plan every
+    job, then fetch each missing blob once. ``on_planned``: told the planned jobs (a warm job's totals come from
+    there)."""
     started = time.monotonic()
-    jobs = [RevisionJob(spec, revision) for spec in manifest.repos for revision in spec.revisions]
+    selection = await expand(manifest, backend, reporter, state) if manifest.selects else None
+    specs = [*manifest.repos, *(selection.specs if selection else ())]
+    jobs = [RevisionJob(spec, revision) for spec in specs for revision in spec.all_revisions]
     plan_limit = asyncio.Semaphore(max(1, min(concurrency, 4)))
 
     async def plan(job: RevisionJob) -> None:
@@ -79,7 +102,8 @@ async def run_sync(manifest: Manifest, backend: Backend, reporter: Reporter, *, 
     if on_planned is not None:
         on_planned(jobs)
     if not dry_run and backend.pins_supported:
-        backend.pin(manifest)
+        # Selected repos are pinned like named ones; those that disappeared upstream stay pinned (kept).
+        backend.pin(replace(manifest, repos=(*specs, *(selection.kept if selection else ())), selects=()))
 
     # One download per blob, even when revisions share it.
     work: dict[str, tuple[RevisionJob, RemoteFile]] = {}
@@ -94,11 +118,11 @@ async def run_sync(manifest: Manifest, backend: Backend, reporter: Reporter, *, 
             partial = backend.partial_bytes(item)
             extra = f", {format_size(partial)} already in a partial file" if partial else ""
             reporter.info(f"would fetch {job.label} {item.path} ({format_size(item.size)}{extra})")
-        return SyncResult(jobs, 0, 0, len(work), to_fetch_bytes, True, time.monotonic() - started)
+        return SyncResult(jobs, 0, 0, len(work), to_fetch_bytes, True, time.monotonic() - started, selection)
     if not work:
         reporter.info(f"nothing to fetch: all {sum(len(j.files) for j in jobs)} selected files of "
                       f"{len(jobs)} revision(s) are cached")
-        return SyncResult(jobs, 0, 0, 0, 0, False, time.monotonic() - started)
+        return SyncResult(jobs, 0, 0, 0, 0, False, time.monotonic() - started, selection)
 
     reporter.info(f"fetching {len(work)} files, {format_size(to_fetch_bytes)} with concurrency {concurrency}")
     reporter.start(sum(item.size for _, item in work.values()))
@@ -138,4 +162,5 @@ async def run_sync(manifest: Manifest, backend: Backend, reporter: Reporter, *, 
         if job.failed_files > 1 and job.error:
             job.error = f"{job.failed_files} files failed; first: {job.error}"
     total = int(getattr(backend, "total_fetched", sum(j.fetched_bytes for j in jobs)))
-    return SyncResult(jobs, fetched_files, total, len(work), to_fetch_bytes, False, time.monotonic() - started)
+    return SyncResult(jobs, fetched_files, total, len(work), to_fetch_bytes, False, time.monotonic() - started,
+                      selection)
