@@ -134,6 +134,11 @@ class Settings:
     # The dataset viewer's host upstream (issue 20): by default the one the Hub's client derives from the upstream,
     # ``https://datasets-server.<upstream host>``; ``off`` answers the viewer host from the cache only.
     viewer_upstream: str | None = None
+    # Xet (issue 17): files upstream marks as Xet-backed carry the mirror's own Xet hints (token route, CAS under
+    # ``/_xet``), so hf_xet clients download through the mirror (files over 50 GB included). Off: every Xet hint is
+    # stripped and clients download over plain HTTP. ``xet_token_ttl``: seconds a Xet token / byte-range URL lives.
+    serve_xet: bool = False
+    xet_token_ttl: float = 900.0
     # Bounds on what a caller can make the process hold: request line + headers, the time to send them, and the
     # upstream JSON the mirror caches (relayed bodies stream).
     max_header_bytes: int = 64 * 1024

@@ -9,6 +9,7 @@ Keys and what they mean:
     ("public", type, repo)                 -> bool            whether an anonymous caller may read the repo
     ("access", subject, kind, repo key)    -> (bool, time)    a token's (or "public") access, see mirror.access
     ("pin", type, repo)                    -> manifest name   repos that eviction must keep
+    ("xet", type, repo, ...)               -> see mirror.xet.catalog: upstream's Xet hash of a file
 
 diskcache's defaults (1 GiB size limit, least-recently-stored eviction) would silently drop entries: the index is
 opened with ``eviction_policy="none"`` and no size limit; blobs are evicted by ``mirror.gc``, never by diskcache.
@@ -177,6 +178,13 @@ class MetadataIndex:
     def put_api(self, repo: RepoRef, revision: str | None, route: str, query: str, entry: ApiEntry) -> None:
         expire = NEGATIVE_TTL if entry.status >= 400 else None
         self._cache.set(_key("api", repo.type.value, repo.repo_id, revision, route, query), entry, expire=expire)
+
+    # Xet hashes upstream gave (mirror.xet.catalog) --------------------------------------------------------------
+    def get_xet(self, repo: RepoRef, parts: tuple[str, ...]) -> Any:
+        return self._cache.get(_key("xet", repo.type.value, repo.repo_id, *parts))
+
+    def put_xet(self, repo: RepoRef, parts: tuple[str, ...], value: Any) -> None:
+        self._cache.set(_key("xet", repo.type.value, repo.repo_id, *parts), value)
 
     def volume(self) -> int:
         """Bytes the index holds on disk (SQLite file and value files)."""

@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlencode
 
 from mirror import hf
@@ -103,6 +104,9 @@ class MirrorService:
         self.metrics = metrics
         self.make_room = make_room
         self.on_hit = on_hit  # a stored blob was served: the scrub checks it (once per file, in the background)
+        # Upstream's Xet hashes (mirror.xet.XetCatalog), set by the app when it serves Xet: learned from upstream's
+        # answers, put back on tree / paths-info answers (the cached JSON stays Xet-free).
+        self.xet: Any = None
 
     # --- files -----------------------------------------------------------------------------------------------------
 
@@ -133,6 +137,8 @@ class MirrorService:
         self._remember_ref(repo, revision, meta.commit)
         entry = FileEntry(meta.commit, path, blob_key(meta.etag), meta.size, lfs=bool(hf.SHA256_RE.match(meta.etag)))
         self.index.put_file(repo, entry)
+        if self.xet is not None and entry.lfs:
+            self.xet.record(repo, meta.commit, path, meta.xet_hash, entry.etag, meta.size)
         self.access.record_public(repo, "content", caller.token)
         self.access.record_allowed(repo, "content", caller.token)
         return ResolvedFile(repo, entry, _MISS, meta.cdn_url)
@@ -186,7 +192,8 @@ class MirrorService:
             stored = False
         return _HIT if stored else _MISS
 
-    async def open_blob(self, resolved: ResolvedFile, caller: Caller, start: int, end: int) -> BlobSource:
+    async def open_blob(self, resolved: ResolvedFile, caller: Caller, start: int, end: int,
+                        detached: bool = False) -> BlobSource:
         """Where the bytes ``start..end`` of the file come from: its file on this disk, the fill producing it (from
         upstream, or from a remote store), or upstream directly (no disk room; a Range far beyond the fill)."""
         entry = resolved.entry
@@ -201,7 +208,7 @@ class MirrorService:
             raise OfflineMiss(f"{entry.path} is not cached and the mirror is offline")
         spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
                         token=self.fill_token(resolved, caller),
-                        cdn_url=resolved.cdn_url, detached=False)
+                        cdn_url=resolved.cdn_url, detached=detached)
         if (self.make_room is not None and not self.settings.offline and not self.fills.is_filling(entry.etag)
                 and not await self.make_room(entry.size, self.fills.bytes_to_write)):
             log.warning("no disk room for %s %s (%d bytes): relaying it without storing it", resolved.repo.key,
@@ -361,6 +368,9 @@ def _rewrite_json(body: bytes, route: str, target: hf.ApiTarget, revision: str |
         data = json.loads(body)
     except ValueError:
         return body
+    xet_commit = revision if revision and hf.is_commit(revision) else commit
+    if service.xet is not None and route in ("tree", "paths-info") and xet_commit:
+        service.xet.learn_listing(target.repo, xet_commit, data)
     hf.strip_xet_json(data)
     if revision and route == "revision" and isinstance(data, dict) and hf.is_commit(str(data.get("sha", ""))):
         service._remember_ref(target.repo, revision, data["sha"])  # noqa: SLF001

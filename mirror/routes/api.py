@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from urllib.parse import parse_qsl
 
 from mirror import hf
@@ -29,6 +30,8 @@ class ApiHandler:
         self.max_paths_info = max_paths_info
         self.max_relay_bytes = max_relay_bytes
         self.body_timeout = body_timeout
+        # Xet (mirror.routes.xet): put upstream's xetHash back on tree / paths-info answers when Xet is served.
+        self.annotate: Callable[[hf.ApiTarget, ApiResult], ApiResult] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, raw_path: str,
                        target: hf.ApiTarget | None, caller: Caller) -> Outcome:
@@ -42,6 +45,8 @@ class ApiHandler:
             else:
                 form = await self._read_form(scope, receive) if method == "POST" else None
                 result = await self.service.api(target, method, raw_path, query_pairs(scope), form, caller)
+                if self.annotate is not None:
+                    result = self.annotate(target, result)
         except MirrorError as exc:
             self.metrics.requests.labels(route="api", outcome=Outcome.ERROR).inc()
             await send_error(send, exc, head=method == "HEAD")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from urllib.parse import quote
 
 from prometheus_client import Counter
@@ -65,6 +66,8 @@ class ResolveHandler:
         self.chunk_size = chunk_size
         self.accel_redirect = accel_redirect
         self._counted: dict[Outcome, Counter] = {}  # the labelled counters, made on first use (as labels() would)
+        # Xet (mirror.routes.xet): X-Xet-Hash and the mirror's xet-auth link for files upstream marks as Xet-backed.
+        self.xet_headers: Callable[[Scope, ResolvedFile], list[tuple[bytes, bytes]]] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, target: hf.ResolveTarget,
                        caller: Caller) -> Outcome:
@@ -87,6 +90,8 @@ class ResolveHandler:
                 outcome = await self.service.head_outcome(resolved)
                 headers = (file_headers(resolved, outcome) + range_headers
                            + [(b"content-length", str(length).encode())])
+                if self.xet_headers is not None:
+                    headers += self.xet_headers(scope, resolved)
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": b""})
                 self._count(outcome)
@@ -99,6 +104,8 @@ class ResolveHandler:
         outcome = source.outcome
         self._count(outcome)
         headers = file_headers(resolved, outcome)
+        if self.xet_headers is not None:
+            headers += self.xet_headers(scope, resolved)
         if self.accel_redirect and type(source) is Cached:
             # nginx serves the bytes (sendfile, Range); the app keeps every decision.
             location = f"{self.accel_redirect.rstrip('/')}/{entry.etag[:2]}/{entry.etag}"

@@ -237,7 +237,8 @@ class UpstreamClient:
         location = response.headers.get("location")
         if response.status_code in _REDIRECTS and location:
             cdn_url = urljoin(url, location)
-        return UpstreamFileMeta(commit=commit, etag=etag, size=int(size_header), cdn_url=cdn_url)
+        return UpstreamFileMeta(commit=commit, etag=etag, size=int(size_header), cdn_url=cdn_url,
+                                xet_hash=response.headers.get("x-xet-hash"))
 
     @asynccontextmanager
     async def open_file(self, repo: hf.RepoRef, commit: str, path: str, token: str | None, start: int = 0,

@@ -29,6 +29,7 @@ class UpstreamFileMeta:
     etag: str
     size: int
     cdn_url: str | None  # absolute URL of a cross-origin redirect (the CDN), never shown to clients
+    xet_hash: str | None = None  # upstream's X-Xet-Hash of the file (mirror.xet names the file by it, never by another)
 
 
 @dataclass(frozen=True)

@@ -66,9 +66,40 @@ class RepoFile:
         out: dict[str, Any] = {"type": "file", "oid": self.oid, "size": self.size, "path": self.path}
         if self.lfs:
             out["lfs"] = {"oid": self.sha256, "size": self.size, "pointerSize": len(self.pointer)}
-            if xet:  # the real Hub lists a Xet hash for Xet-backed LFS files; a mirror must drop it
-                out["xetHash"] = hashlib.sha256(b"xet" + self.sha256.encode()).hexdigest()
+            if xet:  # the real Hub lists the Xet hash of Xet-backed LFS files
+                out["xetHash"] = self.xet_hash
         return out
+
+    @property
+    def xet_hash(self) -> str:
+        """The file's real Xet hash (hf_xet's ``hash_files``, as the Hub computes it on upload); a stand-in digest
+        where hf_xet is not installed."""
+        known = _XET_HASHES.get(self.sha256)
+        if known is None:
+            known = _XET_HASHES[self.sha256] = _xet_hash(self)
+        return known
+
+
+_XET_HASHES: dict[str, str] = {}
+
+
+def _xet_hash(file: RepoFile) -> str:
+    try:
+        import hf_xet
+    except ImportError:
+        return hashlib.sha256(b"xet" + file.sha256.encode()).hexdigest()
+    if file.disk_path is not None and file.data is None:
+        return hf_xet.hash_files([str(file.disk_path)])[0].hash
+    import os
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix="xet-hash-")
+    try:
+        os.write(fd, file.data or b"")
+        os.close(fd)
+        return hf_xet.hash_files([name])[0].hash
+    finally:
+        os.unlink(name)
 
 
 def make_file(path: str, data: bytes, lfs: bool = False) -> RepoFile:

@@ -1,0 +1,107 @@
+"""Which upstream Xet hash names which file: learned only from upstream's own answers, kept in the index.
+
+The mirror names a file by a Xet hash only when upstream gave that hash for that file (a resolve ``X-Xet-Hash``, a
+tree or paths-info ``xetHash``) and only for LFS files, whose blob the mirror verifies against the sha256 etag. Keys
+(all under the repo, so ``MetadataIndex.delete_repo`` drops them with it):
+
+    ("xet", type, repo, "p", commit, path) -> (xet_hash, etag)           a hint for resolve and tree answers
+    ("xet", type, repo, "h", xet_hash)     -> XetFile                    the CAS's lookup: never across repos
+    ("xet", type, repo, "probe")           -> (commit, path)             a file the token route probes access with
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from mirror.hf import SHA256_RE, RepoRef
+from mirror.index import MetadataIndex
+
+XET_HASH_RE = re.compile(r"^[0-9a-f]{64}$")
+_MEMO = 20_000
+
+
+@dataclass(frozen=True)
+class XetFile:
+    commit: str
+    path: str
+    etag: str  # the blob (sha256 of the content) the mirror verifies and stores
+    size: int
+
+
+class XetCatalog:
+    def __init__(self, index: MetadataIndex) -> None:
+        self.index = index
+        self._memo: OrderedDict[tuple[str, ...], Any] = OrderedDict()
+
+    def record(self, repo: RepoRef, commit: str, path: str, xet_hash: str | None, etag: str, size: int) -> None:
+        """Upstream said ``path`` at ``commit`` is Xet file ``xet_hash`` with LFS blob ``etag``."""
+        xet_hash = (xet_hash or "").lower()
+        if not XET_HASH_RE.match(xet_hash) or not SHA256_RE.match(etag) or size < 0:
+            return
+        key = (repo.key, "p", commit, path)
+        if self._get(repo, "p", commit, path) == (xet_hash, etag):
+            return
+        self.index.put_xet(repo, ("p", commit, path), (xet_hash, etag))
+        self.index.put_xet(repo, ("h", xet_hash), XetFile(commit, path, etag, size))
+        self.index.put_xet(repo, ("probe",), (commit, path))
+        self._memo.pop(key, None)
+
+    def hint(self, repo: RepoRef, commit: str, path: str, etag: str) -> str | None:
+        """The Xet hash to announce for ``path`` at ``commit``, if upstream gave one for this very blob."""
+        found = self._get(repo, "p", commit, path)
+        if found and found[1] == etag:
+            return str(found[0])
+        return None
+
+    def file(self, repo: RepoRef, xet_hash: str) -> XetFile | None:
+        """The file of ``repo`` that upstream named ``xet_hash``; ``None`` for any other repo's."""
+        if not XET_HASH_RE.match(xet_hash):
+            return None
+        found = self.index.get_xet(repo, ("h", xet_hash))
+        return found if isinstance(found, XetFile) else None
+
+    def probe_path(self, repo: RepoRef) -> tuple[str, str] | None:
+        found = self.index.get_xet(repo, ("probe",))
+        return (str(found[0]), str(found[1])) if found else None
+
+    def learn_listing(self, repo: RepoRef, commit: str, data: object) -> None:
+        """Record the ``xetHash`` of every LFS file entry of a tree / paths-info answer at ``commit``."""
+        if not isinstance(data, list):
+            return
+        for item in data:
+            if not isinstance(item, dict) or item.get("type") != "file" or "xetHash" not in item:
+                continue
+            lfs = item.get("lfs")
+            if isinstance(lfs, dict) and isinstance(item.get("path"), str):
+                self.record(repo, commit, item["path"], str(item["xetHash"]), str(lfs.get("oid", "")),
+                            int(lfs.get("size", item.get("size", -1)) or 0))
+
+    def annotate_listing(self, repo: RepoRef, commit: str, data: object) -> bool:
+        """Put ``xetHash`` back on the LFS entries of a (Xet-stripped) listing whose blob upstream named; returns
+        whether anything was added."""
+        if not isinstance(data, list):
+            return False
+        added = False
+        for item in data:
+            if not isinstance(item, dict) or item.get("type") != "file" or not isinstance(item.get("lfs"), dict):
+                continue
+            xet_hash = self.hint(repo, commit, str(item.get("path", "")), str(item["lfs"].get("oid", "")))
+            if xet_hash:
+                item["xetHash"] = xet_hash
+                added = True
+        return added
+
+    def _get(self, repo: RepoRef, *parts: str) -> Any:
+        key = (repo.key, *parts)
+        if key in self._memo:
+            self._memo.move_to_end(key)
+            return self._memo[key]
+        value = self.index.get_xet(repo, parts)
+        if value is not None:  # only present values are memoised: a later record must be seen at once
+            self._memo[key] = value
+            if len(self._memo) > _MEMO:
+                self._memo.popitem(last=False)
+        return value
