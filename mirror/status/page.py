@@ -19,7 +19,7 @@ def _size(n: float) -> str:
 _W, _H = 560, 90  # chart size in px
 
 
-def _polyline(values: list[float | None], top: float, color: str, label: str) -> str:
+def _polyline(values: list[float | None], top: float, color: str, label: str, width: float = 1.5) -> str:
     if not values:
         return ""
     step = _W / max(1, len(values) - 1)
@@ -37,14 +37,15 @@ def _polyline(values: list[float | None], top: float, color: str, label: str) ->
             x, y = points[0].split(",")
             lines.append(f'<circle cx="{x}" cy="{y}" r="2.5" fill="{color}"/>')
         elif points:
-            lines.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{" ".join(points)}"/>')
+            lines.append(f'<polyline fill="none" stroke="{color}" stroke-width="{width}" points="{" ".join(points)}"/>')
     return f'<g class="series" data-label="{html.escape(label)}">{"".join(lines)}</g>'
 
 
 def _chart(chart_id: str, title: str, series: list[tuple[str, str, list[float | None]]], top: float,
            top_label: str) -> str:
     legend = " ".join(f'<span style="color:{color}">&#9632; {html.escape(name)}</span>' for name, color, _ in series)
-    body = "".join(_polyline(values, top, color, name) for name, color, values in series)
+    body = "".join(_polyline(values, top, color, name, 3.0 if i == 0 and len(series) > 1 else 1.5)
+                   for i, (name, color, values) in enumerate(series))
     return (f'<figure><figcaption>{html.escape(title)} {legend}</figcaption>'
             f'<svg id="{chart_id}" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" role="img" '
             f'aria-label="{html.escape(title)}"><rect width="{_W}" height="{_H}" fill="#fafafa" stroke="#ddd"/>'
@@ -58,7 +59,9 @@ def _charts(history: dict[str, Any]) -> str:
     served = [float(p["bytes_served"]) for p in points]
     fetched = [float(p["bytes_fetched"]) for p in points]
     top = max([*served, *fetched, 1.0])
-    span = f"last {len(points) * interval / 3600:.1f} h, one point per {interval:g} s"
+    seconds = len(points) * interval
+    span = (f"last {seconds / 3600:.1f} h" if seconds >= 7200 else f"last {seconds / 60:.0f} min") + \
+        f", one point per {interval:g} s"
     return (_chart("chart-hit-ratio", f"Hit ratio ({span})", [("hit ratio", "#2a7", ratio)], 1.0, "100%")
             + _chart("chart-bytes", f"Bytes per {interval:g} s",
                      [("served", "#36c", served), ("fetched", "#c63", fetched)], top, _size(top)))
@@ -76,7 +79,11 @@ function token() {
   return sessionStorage.getItem('hfMirrorToken');
 }
 async function mirrorAction(button) {
-  const {action, type, repo} = button.dataset;
+  let {action, type, repo} = button.dataset;
+  if (button.dataset.form) {  // the warm form: any repo, cached or not
+    type = document.getElementById('warm-type').value;
+    repo = document.getElementById('warm-repo').value.trim();
+  }
   const headers = {'Content-Type': 'application/json'};
   const tok = token();
   if (tok) headers['Authorization'] = 'Bearer ' + tok;
@@ -97,7 +104,7 @@ async function mirrorAction(button) {
     box.textContent = `${action} ${type}:${repo} failed: ${response.status} ${data.error || ''}`;
     return {ok: false, status: response.status, data};
   }
-  box.textContent = `${action} ${type}:${repo}: done` +
+  box.textContent = `${action} ${type}:${repo}: ${warm ? 'queued' : 'ok'}` +
       (data.freed_bytes !== undefined ? ` (${data.blobs} blobs, ${data.freed_bytes} bytes freed)` : '');
   if (warm) pollWarm(data.id, `${type}:${repo}`);
   else setTimeout(() => location.reload(), 400);
@@ -194,6 +201,9 @@ def render_status_page(data: dict[str, Any]) -> str:
 </ul>
 <section id="charts">{_charts(data.get('history', {}))}</section>
 <h2>Fills in progress</h2>
+<form id="warm-form" onsubmit="return false">Warm a repo now: <select id="warm-type"><option>model</option>
+<option>dataset</option><option>space</option></select> <input id="warm-repo" placeholder="org/name" size="30">
+<button type="button" id="warm-button" data-action="warm" data-form="1">warm</button></form>
 <table id="fills"><tr><th>repo</th><th>file</th><th>progress</th><th></th></tr>{fills}</table>
 <h2>Cached repos</h2>
 <form id="search" method="get" action="/"><input name="q" value="{esc(q)}" placeholder="search repos">
