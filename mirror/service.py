@@ -14,6 +14,8 @@ keys are built by :mod:`mirror.index`.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import os
@@ -22,10 +24,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from mirror import hf
-from mirror.access import AccessPolicy, Caller, offline_refusal
+from mirror.access import AccessPolicy, Caller, offline_refusal, token_digest
 from mirror.config import Settings
 from mirror.errors import EntryNotFound, HubError, MirrorError, OfflineMiss, UpstreamUnavailable
 from mirror.fill import Fill, FillManager, FillSpec
@@ -104,6 +106,7 @@ class MirrorService:
         self.metrics = metrics
         self.make_room = make_room
         self.on_hit = on_hit  # a stored blob was served: the scrub checks it (once per file, in the background)
+        self._probes: dict[tuple[str, str, str], asyncio.Future[object]] = {}  # access probes in flight
         # Upstream's Xet hashes (mirror.xet.XetCatalog), set by the app when it serves Xet: learned from upstream's
         # answers, put back on tree / paths-info answers (the cached JSON stays Xet-free).
         self.xet: Any = None
@@ -115,7 +118,7 @@ class MirrorService:
         repo, revision, path = target.repo, target.revision, target.path
         commit = self._known_commit(repo, revision, fresh=True)
         if commit is not None:
-            entry = self.index.get_file(repo, commit, path)
+            entry = self.index.get_file(repo, commit, path) or self._entry_from_listing(repo, commit, path)
             if entry is not None:
                 await self._check_content_access(repo, revision, path, caller)
                 return self._found(repo, entry, _HIT)
@@ -143,6 +146,33 @@ class MirrorService:
         self.access.record_allowed(repo, "content", caller.token)
         return ResolvedFile(repo, entry, _MISS, meta.cdn_url)
 
+    def _entry_from_listing(self, repo: hf.RepoRef, commit: str, path: str) -> FileEntry | None:
+        """A file's entry from the recursive tree listing of its commit, when the index holds it (``snapshot_download``
+        lists the tree, then sends a HEAD per file: those HEADs need no upstream call of their own). The listing
+        gives size, oid and LFS sha256; the commit is known. Served through the same access check as any cached
+        entry (:meth:`_check_content_access`): a gated or private repo's listing helps only a confirmed caller."""
+        query: list[tuple[str, str]] | None = [("recursive", "true"), ("expand", "false")]
+        found = None
+        pages = 0
+        while query is not None and pages < 1000:
+            cached = self.index.get_api(repo, commit, api_route_key("tree", ""), api_query_key(query, None))
+            if cached is None or cached.status != 200:
+                return found
+            try:
+                listing = json.loads(cached.body)
+            except ValueError:
+                return found
+            for item in listing if isinstance(listing, list) else ():
+                entry = _listed_file(commit, item)
+                if entry is not None:  # the whole page at once: the next HEADs find their entry directly
+                    self.index.put_file(repo, entry)
+                    found = entry if entry.path == path else found
+            if found is not None:
+                return found
+            query = _next_page(cached.headers)
+            pages += 1
+        return found
+
     def _found(self, repo: hf.RepoRef, entry: FileEntry, outcome: Outcome) -> ResolvedFile:
         if entry.missing:
             raise EntryNotFound(entry.commit)  # the Hub's own words: the client appends them to its message
@@ -165,7 +195,16 @@ class MirrorService:
         async def probe(token: str | None) -> None:
             if self.settings.offline:
                 raise UpstreamUnavailable("offline")
-            await self.upstream.head_file(repo, revision, path, token, caller.check)
+            # One probe at a time per repo and token: the HEADs a client sends at once for many files of a repo
+            # (snapshot_download, 8 threads) share the first one's answer instead of asking upstream each.
+            key = (repo.key, token_digest(token), _guard_key(caller.check))
+            task = self._probes.get(key)
+            if task is None:
+                self._probes[key] = task = asyncio.ensure_future(
+                    self.upstream.head_file(repo, revision, path, token, caller.check))
+                task.add_done_callback(lambda done: self._probes.pop(key, None) if self._probes.get(key) is done
+                                       else None)
+            await asyncio.shield(task)
 
         await self.access.check(repo, "content", caller, probe)
 
@@ -359,6 +398,38 @@ class MirrorService:
         token = caller.token if caller.own_token else None
         async with self.upstream.relay(raw_path + (f"?{urlencode(query)}" if query else ""), token) as body:
             yield body
+
+
+def _guard_key(check: Callable[[hf.RepoRef], None] | None) -> str:
+    """Which repo policy a caller's guard applies (the operator's filter, or one principal's): probes are shared only
+    by callers under the same one."""
+    if isinstance(check, functools.partial):
+        return f"{id(check.func)}:{check.args!r}"
+    return str(id(getattr(check, "__self__", check)))
+
+
+def _listed_file(commit: str, item: object) -> FileEntry | None:
+    """A tree listing's file entry as the index keeps it: the etag is the LFS sha256, else the git blob oid."""
+    if not isinstance(item, dict) or item.get("type") != "file" or not isinstance(item.get("path"), str):
+        return None
+    lfs = item.get("lfs")
+    etag = lfs.get("oid") or lfs.get("sha256") if isinstance(lfs, dict) else item.get("oid")
+    size = item.get("size")
+    if not isinstance(etag, str) or not isinstance(size, int):
+        return None
+    lfs_file = bool(hf.SHA256_RE.match(etag))
+    if not lfs_file and not hf.SHA1_RE.match(etag):
+        return None
+    return FileEntry(commit, item["path"], blob_key(etag), size, lfs=lfs_file)
+
+
+def _next_page(headers: tuple[tuple[str, str], ...]) -> list[tuple[str, str]] | None:
+    """The query of a cached listing page's next page (its ``Link: <...>; rel="next"``), if any."""
+    for name, value in headers:
+        if name.lower() == "link" and 'rel="next"' in value:
+            url = value.split("<", 1)[-1].split(">", 1)[0]
+            return parse_qsl(urlsplit(url).query, keep_blank_values=True)
+    return None
 
 
 def _rewrite_json(body: bytes, route: str, target: hf.ApiTarget, revision: str | None, commit: str | None,

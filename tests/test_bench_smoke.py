@@ -35,3 +35,14 @@ def test_memory_small(tmp_path: Path) -> None:
     rows = {row["measure"]: row for r in json.loads(out.read_text())["reports"] for row in r["rows"]}
     assert rows["upstream fetches"]["mirror"] == 1
     assert 0 < rows["peak RSS, cold (1 fill + followers)"]["mirror"] < 1024
+
+
+def test_wan_small(tmp_path: Path) -> None:
+    out = tmp_path / "wan.json"
+    proc = subprocess.run([sys.executable, "bench/wan.py", "--size", "8M", "--runs", "1", "--files", "10",
+                           "--rtt", "0.05", "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {row["measure"]: row for r in json.loads(out.read_text())["reports"] for row in r["rows"]}
+    assert rows["upstream bytes per file byte"]["mirror"] <= 1.05
+    assert rows["throughput"]["mirror"] > 0 and rows["wall time"]["mirror"] > 0

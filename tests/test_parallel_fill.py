@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.hub_emulator.runner import EmulatorHandle, run_emulator
-from tests.mirror_proc import MirrorProcess
+from tests.mirror_proc import MirrorProcess, run_client
 
 BIG = "acme/big-data"
 BIG_URL = f"/datasets/{BIG}/resolve/main/big.bin"
@@ -171,3 +171,21 @@ def test_a_restart_resumes_from_the_contiguous_prefix(emu: EmulatorHandle, tmp_p
         assert not partial.with_name(partial.name + ".prefix").exists()
     finally:
         mirror.stop()
+
+
+def test_a_snapshot_heads_from_the_tree_listing(emu: EmulatorHandle, tmp_path: Path) -> None:
+    """snapshot_download lists the tree of the commit, then HEADs every file: the listing answers the HEADs."""
+    files = {f"shard/{i:03d}.{'bin' if i % 6 == 0 else 'txt'}": f"file {i}\n".encode() for i in range(30)}
+    sha = emu.push("model", "acme/tiny-model", "main", files)  # the .bin files are LFS
+    emu.reset_stats()
+    with MirrorProcess(emu.url, tmp_path / "cache") as mirror:
+        out = run_client(
+            "import json, pathlib; from huggingface_hub import snapshot_download\n"
+            "p = snapshot_download('acme/tiny-model')\n"
+            "print(json.dumps(sorted(str(f.relative_to(p)) for f in pathlib.Path(p).rglob('*') if f.is_file())))",
+            mirror.url, tmp_path / "client")
+    assert set(files) <= set(out)  # type: ignore[arg-type]
+    heads = [r["path"] for r in emu.requests() if r["method"] == "HEAD" and "/resolve/" in str(r["path"])
+             and not str(r["path"]).startswith("/api/")]
+    assert len(heads) <= 1, heads  # one access probe (shared by the client's concurrent HEADs); the listing: the rest
+    assert sha

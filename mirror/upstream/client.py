@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from urllib.parse import urlencode, urljoin, urlsplit
 
@@ -40,6 +41,9 @@ from mirror.upstream.values import (
 log = logging.getLogger("hf_mirror.upstream")
 
 _REDIRECTS = (301, 302, 303, 307, 308)
+# Bulk requests wait a round trip (two, through a redirect) in a thread: their own pool, so that many fills at
+# once (a snapshot of many small files; the windows of large ones) never queue in the loop's small default one.
+_SEND_POOL = ThreadPoolExecutor(max_workers=128, thread_name_prefix="upstream-send")
 _MAX_HOPS = 10
 _MAX_ERROR_BODY = 64 * 1024  # an error answer is read this far at most (its message is all the mirror needs)
 
@@ -255,7 +259,7 @@ class UpstreamClient:
         url = cdn_url or hub_url
 
         async def attempt() -> BulkResponse:
-            return await asyncio.to_thread(self._send_bulk, url, token, headers)
+            return await _in_send_pool(self._send_bulk, url, token, headers)
 
         response = await self._with_retries(attempt)
         try:
@@ -317,7 +321,7 @@ class UpstreamClient:
         headers = {"accept-encoding": "identity", hf.H_PEER_TOKEN.lower(): token}
         if start:
             headers["range"] = f"bytes={start}-"
-        response = await asyncio.to_thread(self._send_bulk, url, None, headers, False)
+        response = await _in_send_pool(self._send_bulk, url, None, headers, False)
         try:
             if response.status_code != (206 if start else 200):
                 raise UpstreamUnavailable(f"peer {url} answered {response.status_code}")
@@ -360,6 +364,10 @@ class UpstreamClient:
             yield RelayBody(response.status_code, response.headers, response.aiter_bytes())
         finally:
             await response.aclose()
+
+
+async def _in_send_pool(function: Callable[..., BulkResponse], *args: object) -> BulkResponse:
+    return await asyncio.get_running_loop().run_in_executor(_SEND_POOL, function, *args)
 
 
 async def _read_error(response: httpx.Response) -> UpstreamAnswer:
