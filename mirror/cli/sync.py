@@ -71,6 +71,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                      "`hf-mirror sync --cache-dir DIR` on the mirror host to pin them against eviction")
     else:
         parts = build_parts(settings, fill_manager=CountingFillManager)  # the one wiring, as serve and cache use
+        parts.upstream.use_sync_rate()  # --sync-rate during --sync-hours, else --upstream-rate (issue 18)
         backend = CacheDirBackend(settings, dry_run=args.dry_run, parts=parts, owns_parts=True)
         pins_note = None if args.dry_run else f"pinned {len(manifest.repos)} repo(s) for {manifest.source}"
     target = args.mirror or str(settings.cache_dir)
