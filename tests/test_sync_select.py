@@ -42,6 +42,20 @@ def test_select_tables_parse() -> None:
     assert second.spec("acme/x").all_revisions == ("main",)
 
 
+def test_example_select_block_parses() -> None:
+    """The commented [[select]] example of deploy/sync.example.toml, uncommented, is a valid manifest."""
+    import tomllib
+
+    from tests.mirror_proc import REPO_ROOT
+
+    text = (REPO_ROOT / "deploy" / "sync.example.toml").read_text()
+    block = text[text.index("\n# [[select]]\n") + 1:]
+    toml = "\n".join(line.removeprefix("# ") for line in block.splitlines())
+    rule, = parse_manifest(tomllib.loads(toml), Path("example")).selects
+    assert rule.type is hf.RepoType.DATASET and rule.author == "stanfordnlp" and rule.parquet_branch
+    assert rule.query() == [("author", "stanfordnlp"), ("filter", "format:parquet"), ("search", "imdb")]
+
+
 @pytest.mark.parametrize("data, message", [
     ({"select": [{"type": "dataset"}]}, "author .* is required"),
     ({"select": [{"author": "acme/x"}]}, "one organisation or user name"),

@@ -11,6 +11,7 @@ import httpx
 
 from mirror import hf
 from mirror.errors import MirrorError
+from mirror.sync.backend import Backend
 from mirror.sync.jobs import error_text
 from mirror.sync.manifest import Manifest, RepoSpec, SelectSpec
 from mirror.sync.progress import Reporter
@@ -59,10 +60,10 @@ def _repo_ids(rows: object) -> list[str]:
     return out
 
 
-async def _list(backend: object, rule: SelectSpec, token: str | None) -> RuleResult:
+async def _list(backend: Backend, rule: SelectSpec, token: str | None) -> RuleResult:
     result = RuleResult(rule)
     try:
-        ids = _repo_ids(await backend.list_repos(rule.type, rule.query(), token))  # type: ignore[attr-defined]
+        ids = _repo_ids(await backend.list_repos(rule.type, rule.query(), token))
     except (MirrorError, httpx.HTTPError, ValueError) as exc:
         result.error = f"listing {rule.type.value}s failed: {error_text(exc)}"
         return result
@@ -77,7 +78,7 @@ async def _list(backend: object, rule: SelectSpec, token: str | None) -> RuleRes
     return result
 
 
-async def expand(manifest: Manifest, backend: object, reporter: Reporter, state: SyncState | None) -> Selection:
+async def expand(manifest: Manifest, backend: Backend, reporter: Reporter, state: SyncState | None) -> Selection:
     """List every rule (one after the other: a few requests each), match, compare with the state (updated in
     memory; the caller saves it after a real run)."""
     named = {spec.label for spec in manifest.repos}
@@ -89,7 +90,7 @@ async def expand(manifest: Manifest, backend: object, reporter: Reporter, state:
                 rules.append(RuleResult(rule, error=f"the token variable {rule.token_env} is not set"))
                 continue
         else:
-            token = getattr(backend, "default_token", None)
+            token = backend.default_token
         result = await _list(backend, rule, token)
         rules.append(result)
         if result.error:
