@@ -109,6 +109,11 @@ class Manifest:
     selects: tuple[SelectSpec, ...] = ()
 
     @property
+    def selections(self) -> tuple[SelectSpec, ...]:
+        """The [[select]] rules (another name for ``selects``, as tests/test_deploy.py reads it)."""
+        return self.selects
+
+    @property
     def source(self) -> str:
         """The name pins are recorded under (the manifest's absolute path)."""
         return str(self.path.resolve())
