@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Callable
@@ -13,7 +12,7 @@ from mirror.access import Caller
 from mirror.asgi import Receive, Scope, Send
 from mirror.errors import BadRequest, MirrorError
 from mirror.metrics import Metrics, Outcome
-from mirror.routes.common import mirror_base, query_pairs, send_error
+from mirror.routes.common import mirror_base, query_pairs, read_body, send_error
 from mirror.service import ApiResult, MirrorService
 
 log = logging.getLogger("hf_mirror.api")
@@ -89,18 +88,7 @@ class ApiHandler:
         return Outcome.PASSTHROUGH
 
     async def _read_form(self, scope: Scope, receive: Receive) -> list[tuple[str, str]]:
-        body = bytearray()
-        try:
-            async with asyncio.timeout(self.body_timeout):  # a body sent byte by byte must not hold a slot forever
-                while True:
-                    message = await receive()
-                    body += message.get("body", b"")
-                    if len(body) > _MAX_BODY:
-                        raise BadRequest(f"request body over {_MAX_BODY} bytes")
-                    if not message.get("more_body"):
-                        break
-        except TimeoutError:
-            raise BadRequest(f"request body not received within {self.body_timeout:g} s") from None
+        body = await read_body(receive, limit=_MAX_BODY, timeout=self.body_timeout)
         content_type = ""
         for key, value in scope["headers"]:
             if key == b"content-type":

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from mirror import hf
-from mirror.asgi import Scope, Send
-from mirror.errors import MirrorError, RangeNotSatisfiable
+from mirror.asgi import Receive, Scope, Send
+from mirror.errors import BadRequest, MirrorError, RangeNotSatisfiable
 
 
 def header(scope: Scope, name: bytes) -> str | None:
@@ -22,6 +23,23 @@ def bearer_token(scope: Scope) -> str | None:
     if value and value[:7].lower() == "bearer ":
         return value[7:].strip() or None
     return None
+
+
+async def read_body(receive: Receive, *, limit: int, timeout: float) -> bytes:
+    """A request body of at most ``limit`` bytes, received within ``timeout`` seconds, else a 400: a body sent byte
+    by byte must not hold a slot forever, nor a huge one the memory."""
+    body = bytearray()
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if len(body) > limit:
+                    raise BadRequest(f"request body over {limit} bytes")
+                if not message.get("more_body"):
+                    return bytes(body)
+    except TimeoutError:
+        raise BadRequest(f"request body not received within {timeout:g} s") from None
 
 
 def mirror_base(scope: Scope) -> str:

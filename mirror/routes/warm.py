@@ -6,7 +6,6 @@ The JSON in and out is the mirror's own API (not the Hub's); errors keep the Hub
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +14,7 @@ from mirror import hf
 from mirror.access import Caller
 from mirror.asgi import Receive, Scope, Send
 from mirror.errors import BadRequest, MirrorError, RouteNotFound
-from mirror.routes.common import header, query_pairs, send_error
+from mirror.routes.common import header, query_pairs, read_body, send_error
 from mirror.sync.warm import WarmJobs, WarmRequest
 
 _MAX_BODY = 64 * 1024
@@ -68,18 +67,7 @@ class WarmHandler:
         # JSON only: a browser must preflight it, so no page on another origin can start jobs with a plain form.
         if "json" not in (header(scope, b"content-type") or ""):
             raise UnsupportedMediaType("send the warm request as application/json")
-        body = bytearray()
-        try:
-            async with asyncio.timeout(self.body_timeout):
-                while True:
-                    message = await receive()
-                    body += message.get("body", b"")
-                    if len(body) > _MAX_BODY:
-                        raise BadRequest(f"request body over {_MAX_BODY} bytes")
-                    if not message.get("more_body"):
-                        break
-        except TimeoutError:
-            raise BadRequest(f"request body not received within {self.body_timeout:g} s") from None
+        body = await read_body(receive, limit=_MAX_BODY, timeout=self.body_timeout)
         try:
             return json.loads(body or b"{}")
         except ValueError:
