@@ -189,3 +189,10 @@ def test_a_snapshot_heads_from_the_tree_listing(emu: EmulatorHandle, tmp_path: P
              and not str(r["path"]).startswith("/api/")]
     assert len(heads) <= 1, heads  # one access probe (shared by the client's concurrent HEADs); the listing: the rest
     assert sha
+
+
+def test_upstream_rate_bounds_every_fill(emu: EmulatorHandle, tmp_path: Path) -> None:
+    with MirrorProcess(emu.url, tmp_path / "cache", *PARALLEL, "--upstream-rate", "16MiB") as mirror:
+        status, sha, _, total = asyncio.run(download(mirror.url + BIG_URL))
+    assert status == 200 and sha == big_sha(emu)
+    assert total >= SIZE / (16 * MIB) * 0.8  # ~1.25 s at 16 MiB/s, whatever the windows
