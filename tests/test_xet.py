@@ -9,6 +9,7 @@ the CAS.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from collections.abc import Iterator
@@ -58,6 +59,26 @@ def assert_no_upstream_address(emulator: EmulatorHandle, *texts: str) -> None:
     for host in (urlsplit(emulator.url).netloc, urlsplit(emulator.cdn_url).netloc):
         for text in texts:
             assert host not in text, (host, text[:300])
+
+
+ROUTES = ("xet-token", "xet-reconstruction", "xet-xorb")
+
+
+@contextlib.contextmanager
+def xet_path_taken(emulator: EmulatorHandle, mirror: MirrorProcess) -> Iterator[None]:
+    """Around a client run: the Xet path was taken on the mirror (token, reconstruction, byte ranges), and every
+    request upstream saw came from the mirror (its User-Agent; no client's hf_hub / hf_xet), none of it Xet."""
+    before = {route: counter(mirror, route) for route in ROUTES}
+    emulator.reset_stats()
+    yield
+    for route, count in before.items():
+        assert counter(mirror, route) > count, route
+    records = emulator.requests()
+    # The mirror's: hf-mirror/x (its API client), python-urllib3/x (its bulk fill client, mirror.upstream.bulk).
+    agents = {r.get("ua") or "" for r in records}
+    assert all(ua.startswith(("hf-mirror/", "python-urllib3/")) for ua in agents), agents
+    assert not [r["path"] for r in records if "xet-" in r["path"] or "reconstructions" in r["path"]]
+    assert emulator.stats()["counts"].get("cdn_requests_with_auth", 0) == 0
 
 
 def token_for(mirror: MirrorProcess, repo: str, commit: str, hub_token: str | None = None) -> httpx.Response:
@@ -231,3 +252,82 @@ def test_xet_off_strips_every_hint(emulator, mirror):
         assert "x-xet-hash" not in head.headers and "link" not in head.headers
         assert client.get(f"/api/models/{MODEL}/xet-read-token/main").status_code == 404
         assert client.get("/_xet/v2/reconstructions/" + "0" * 64).status_code == 404
+
+
+def test_snapshot_download_on_a_fresh_cache_takes_xet_from_the_tree(emulator, xet_mirror, tmp_path):
+    """No HEAD of the Xet file first: snapshot_download learns the Xet hash from the tree listing alone."""
+    mark = len(xet_mirror.log())
+    code = f"""
+import json, hashlib, os
+from huggingface_hub import snapshot_download
+root = snapshot_download("{MODEL}")
+print(json.dumps({{os.path.relpath(os.path.join(d, f), root): hashlib.sha256(open(os.path.join(d, f), "rb").read())
+                  .hexdigest() for d, _, fs in os.walk(root) for f in fs}}))
+"""
+    with xet_path_taken(emulator, xet_mirror):
+        out = run_client(code, xet_mirror.url, tmp_path / "home", **XET_ON)
+    files = emulator.files
+    assert out == {p: sha256(files.file_bytes("model", MODEL, "main", p)) for p in files.paths("model", MODEL, "main")}
+    log = xet_mirror.log()[mark:]
+    assert "/xet-read-token/" in log and not re.search(r"HEAD \S*/model\.safetensors", log), log[-2000:]
+    xh = xet_hash(emulator, "model", MODEL, "model.safetensors")
+    shared = tmp_path / "home" / "hub" / "blobs" / xh[:2] / xh
+    assert shared.is_file() and sha256(shared.read_bytes()) == out["model.safetensors"]
+
+
+def test_hf_cli_and_hffilesystem_over_xet(emulator, xet_mirror, tmp_path):
+    code = f"""
+import json, hashlib, os, subprocess, sys
+from huggingface_hub import HfFileSystem
+def sha(p):
+    return hashlib.sha256(open(p, "rb").read()).hexdigest()
+hf = os.path.join(os.path.dirname(sys.executable), "hf")
+proc = subprocess.run([hf, "download", "acme/big-data", "big.bin", "--repo-type", "dataset", "--local-dir", "cli"],
+                      capture_output=True, text=True)
+assert proc.returncode == 0, proc.stderr
+fs = HfFileSystem()
+fs.get_file("{MODEL}/model.safetensors", "fs.bin")
+with fs.open("{MODEL}/model.safetensors", "rb") as f:
+    f.seek(1000)
+    part = hashlib.sha256(f.read(5000)).hexdigest()
+print(json.dumps(dict(cli=sha("cli/big.bin"), get=sha("fs.bin"), part=part)))
+"""
+    with xet_path_taken(emulator, xet_mirror):
+        out = run_client(code, xet_mirror.url, tmp_path / "home", **XET_ON)
+    files = emulator.files
+    weights = files.file_bytes("model", MODEL, "main", "model.safetensors")
+    assert out == {"cli": sha256(files.file_bytes("dataset", "acme/big-data", "main", "big.bin")),
+                   "get": sha256(weights), "part": sha256(weights[1000:6000])}
+
+
+def test_datasets_over_xet(emulator, xet_mirror, tmp_path):
+    code = """
+import json
+from datasets import load_dataset
+ds = load_dataset("acme/tiny-parquet", split="train")
+stream = load_dataset("acme/tiny-parquet", split="test", streaming=True)
+print(json.dumps(dict(train=len(ds), test=len(list(stream)))))
+"""
+    with xet_path_taken(emulator, xet_mirror):
+        out = run_client(code, xet_mirror.url, tmp_path / "home", timeout=180, **XET_ON)
+    rows = emulator.files.row_count
+    assert out == {"train": rows("acme/tiny-parquet", "train"), "test": rows("acme/tiny-parquet", "test")}
+
+
+def test_transformers_over_xet(emulator, xet_mirror, tmp_path):
+    """The weights come through ``transformers.utils.hub.cached_file``, the very call ``from_pretrained`` makes for
+    ``model.safetensors`` (the tiny model's weights are not a buildable BERT, and torch is optional)."""
+    code = f"""
+import json, hashlib
+from transformers import AutoConfig, AutoTokenizer
+from transformers.utils.hub import cached_file
+cfg = AutoConfig.from_pretrained("{MODEL}")
+tok = AutoTokenizer.from_pretrained("{MODEL}")
+weights = cached_file("{MODEL}", "model.safetensors")
+print(json.dumps(dict(model_type=cfg.model_type, ids=tok("hello world")["input_ids"],
+                      weights=hashlib.sha256(open(weights, "rb").read()).hexdigest())))
+"""
+    with xet_path_taken(emulator, xet_mirror):
+        out = run_client(code, xet_mirror.url, tmp_path / "home", timeout=180, **XET_ON)
+    assert out["model_type"] == "bert" and out["ids"]
+    assert out["weights"] == sha256(emulator.files.file_bytes("model", MODEL, "main", "model.safetensors"))

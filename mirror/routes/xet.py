@@ -104,11 +104,21 @@ class XetHandler:
             repo = target.repo
             commit = self._commit(repo, target.revision) or (
                 (ref := self.service.index.get_ref(repo, target.revision or "")) and ref.commit)
-            if not commit:
-                raise EntryNotFound(None, f"Revision {target.revision!r} is not known to the mirror yet")
             probe = self.catalog.probe_path(repo)
             if probe is None:
-                raise EntryNotFound(commit, "No Xet-backed file of this repo is known to the mirror")
+                raise EntryNotFound(commit or None, "No Xet-backed file of this repo is known to the mirror")
+            if not commit and target.revision:
+                # A branch the mirror has not resolved yet (HfFileSystem asks the token for "main" after a tree
+                # listing): resolve it as a resolve would, with this caller's access check.
+                try:
+                    commit = (await self.service.resolve_file(
+                        hf.ResolveTarget(repo, target.revision, probe[1]), caller)).entry.commit
+                except EntryNotFound as exc:
+                    if not exc.commit:
+                        raise
+                    commit = exc.commit
+            if not commit:
+                raise EntryNotFound(None, f"Revision {target.revision!r} is not known to the mirror yet")
             # The access check a resolve of this repo's content makes for this caller (gated, private, offline).
             await self.service.resolve_file(hf.ResolveTarget(repo, probe[0], probe[1]), caller)
             claims = {"t": repo.type.value, "r": repo.repo_id, "c": commit, "u": token_digest(caller.token),

@@ -13,7 +13,8 @@ from tests.hub_emulator.fixtures import Fixtures
 
 
 async def serve(args: argparse.Namespace) -> None:
-    app = Emulator(Fixtures(args.workdir, args.big_file_size), url_ttl=args.url_ttl, page_size=args.page_size,
+    fixtures = Fixtures(args.workdir, args.big_file_size, args.huge_file_size)
+    app = Emulator(fixtures, url_ttl=args.url_ttl, page_size=args.page_size,
                    cdn_port=args.cdn_port, hub_port=args.port, viewer_port=args.viewer_port)
     servers = [uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                              access_log=False, lifespan="off"))
@@ -29,6 +30,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--page-size", type=int, default=1000)
     parser.add_argument("--big-file-size", type=int, default=8 << 20)
+    parser.add_argument("--huge-file-size", type=int, default=0, help="acme/huge-data huge.bin, generated (0: none)")
     parser.add_argument("--url-ttl", type=float, default=300.0)
     asyncio.run(serve(parser.parse_args()))
 

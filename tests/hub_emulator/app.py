@@ -119,7 +119,8 @@ class Emulator:
             query_string = scope.get("query_string", b"").decode("latin-1")
             self.requests.append({"host": host, "method": method,
                                   "path": raw + (f"?{query_string}" if query_string else ""),
-                                  "auth": headers.get("authorization"), "range": headers.get("range")})
+                                  "auth": headers.get("authorization"), "range": headers.get("range"),
+                                  "ua": headers.get("user-agent")})
         if self.faults.first_byte_s and not raw.startswith("/_emulator/"):
             await asyncio.sleep(self.faults.first_byte_s)
         try:

@@ -2,7 +2,8 @@
 
 Every process that builds :class:`Fixtures` from the same arguments gets the same repos, commits and bytes, so the
 test process (``EmulatorHandle.files``) and the emulator process agree without talking. The one large file
-(``acme/big-data`` ``big.bin``) lives on disk in the work dir and is generated once.
+(``acme/big-data`` ``big.bin``) lives on disk in the work dir and is generated once; ``acme/huge-data`` ``huge.bin``
+(only when a size is given) is computed from the offset on every read, so it can be over 50 GB.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import random
 import struct
 from dataclasses import dataclass, field
@@ -35,9 +37,10 @@ class RepoFile:
     size: int
     sha256: str
     lfs: bool
-    data: bytes | None = None  # None: on disk at ``disk_path``
+    data: bytes | None = None  # None: on disk at ``disk_path``, or generated from the offset (``generated``)
     disk_path: Path | None = None
     blob_sha1: str = ""
+    generated: bool = False  # content computed from the offset (generated_bytes): nothing stored, any size
 
     @property
     def pointer(self) -> bytes:
@@ -55,6 +58,8 @@ class RepoFile:
     def read(self, start: int = 0, end: int | None = None) -> bytes:
         """Bytes ``[start, end)``."""
         end = self.size if end is None else end
+        if self.generated:
+            return generated_bytes(start, min(end, self.size))
         if self.data is not None:
             return self.data[start:end]
         assert self.disk_path is not None
@@ -84,6 +89,11 @@ _XET_HASHES: dict[str, str] = {}
 
 
 def _xet_hash(file: RepoFile) -> str:
+    if file.generated:
+        # A real Xet hash of tens of GB takes too long to compute for a test: the generated file advertises a
+        # stand-in of the right form (64 hex). hf_xet checks sizes, not hashes, and the mirror only ever names a
+        # file by the hash upstream gave it, so the flow is the same as for a real one.
+        return hashlib.sha256(b"hf-mirror emulator generated xet|" + file.sha256.encode()).hexdigest()
     try:
         import hf_xet
     except ImportError:
@@ -227,10 +237,59 @@ def _big_file(workdir: Path, size: int) -> RepoFile:
     return RepoFile("big.bin", size, sha256, True, disk_path=path, blob_sha1=sha1_hex)
 
 
+_GEN_BLOCK = 1 << 20
+_GEN_BASE = random.Random(5150).randbytes(_GEN_BLOCK)
+_GEN_STAMP = 4096  # every 4 KiB page starts with its own offset (u64 LE): a byte out of place is a wrong byte
+
+
+def generated_bytes(start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of the generated file: a fixed random MiB, each 4 KiB page stamped with its offset."""
+    if end <= start:
+        return b""
+    first_block, last_block = start // _GEN_BLOCK, (end - 1) // _GEN_BLOCK
+    out = bytearray(_GEN_BASE * (last_block - first_block + 1))
+    view = memoryview(out).cast("Q")  # native order: little-endian on every platform these tests run on
+    base = first_block * _GEN_BLOCK
+    pages = len(out) // _GEN_STAMP
+    step = _GEN_STAMP // 8
+    for i in range(pages):
+        view[i * step] = base + i * _GEN_STAMP
+    view.release()
+    lo = start - base
+    with memoryview(out) as whole:
+        return bytes(whole[lo:lo + end - start])
+
+
+def generated_sha256(size: int) -> str:
+    """sha256 of the generated file of ``size`` bytes, computed once per machine (it takes ~2 s per GB) and kept
+    under the temp dir."""
+    import tempfile
+
+    cache = Path(tempfile.gettempdir()) / "hf-mirror-emulator-generated"
+    known = cache / f"{size}.sha256"
+    try:
+        return known.read_text().strip()
+    except FileNotFoundError:
+        pass
+    digest = hashlib.sha256()
+    step = 64 * _GEN_BLOCK
+    for offset in range(0, size, step):
+        digest.update(generated_bytes(offset, min(size, offset + step)))
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = known.with_suffix(f".{os.getpid()}")
+    tmp.write_text(digest.hexdigest())
+    tmp.replace(known)
+    return digest.hexdigest()
+
+
+def generated_file(path: str, size: int) -> RepoFile:
+    return RepoFile(path, size, generated_sha256(size), True, generated=True)
+
+
 GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n*.parquet filter=lfs diff=lfs merge=lfs -text\n"
 
 
-def build_repos(workdir: Path, big_file_size: int) -> dict[tuple[str, str], Repo]:
+def build_repos(workdir: Path, big_file_size: int, huge_file_size: int = 0) -> dict[tuple[str, str], Repo]:
     repos: dict[tuple[str, str], Repo] = {}
 
     def add(repo: Repo) -> Repo:
@@ -314,6 +373,12 @@ def build_repos(workdir: Path, big_file_size: int) -> dict[tuple[str, str], Repo
                              "big.bin": _big_file(workdir, big_file_size)}, "init")
     big.branches["main"] = commit.sha
 
+    if huge_file_size:  # acme/huge-data huge.bin: any size (over 50 GB too), generated from the offset, never stored
+        huge = add(Repo("dataset", "acme/huge-data"))
+        commit = huge.add_commit({"README.md": make_file("README.md", b"# huge-data\n"),
+                                  "huge.bin": generated_file("huge.bin", huge_file_size)}, "init")
+        huge.branches["main"] = commit.sha
+
     space = add(Repo("space", "acme/tiny-space"))
     commit = space.add_commit({"app.py": make_file("app.py", b"print('hello from a space')\n"),
                                "README.md": make_file("README.md", b"---\nsdk: gradio\n---\n")}, "init")
@@ -324,8 +389,8 @@ def build_repos(workdir: Path, big_file_size: int) -> dict[tuple[str, str], Repo
 class Fixtures:
     """The ground truth, read by tests: ``emulator.files.file_bytes("model", "acme/tiny-model", "main", path)``."""
 
-    def __init__(self, workdir: Path, big_file_size: int) -> None:
-        self.repos = build_repos(workdir, big_file_size)
+    def __init__(self, workdir: Path, big_file_size: int, huge_file_size: int = 0) -> None:
+        self.repos = build_repos(workdir, big_file_size, huge_file_size)
         self.rows = {("acme/tiny-parquet", "train"): 200, ("acme/tiny-parquet", "test"): 50,
                      ("acme/tiny-jsonl", "train"): 30, ("acme/tiny-jsonl", "test"): 10}
 

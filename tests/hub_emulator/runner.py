@@ -20,12 +20,14 @@ class EmulatorHandle:
     """A running emulator: ``url`` (Hub host), ``cdn_url`` (LFS host), ``files`` (the ground truth)."""
 
     def __init__(self, workdir: Path, *, page_size: int = 1000, big_file_size: int = 8 << 20,
-                 url_ttl: float = 300.0) -> None:
+                 url_ttl: float = 300.0, huge_file_size: int = 0) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        self.files = Fixtures(workdir, big_file_size)  # also writes the big file, before the server starts
+        # Also writes the big file (and hashes the generated one) before the server starts.
+        self.files = Fixtures(workdir, big_file_size, huge_file_size)
         self.port, self.cdn_port, self.viewer_port = free_port(), free_port(), free_port()
-        self.args = ["--page-size", str(page_size), "--big-file-size", str(big_file_size), "--url-ttl", str(url_ttl)]
+        self.args = ["--page-size", str(page_size), "--big-file-size", str(big_file_size), "--url-ttl", str(url_ttl),
+                     "--huge-file-size", str(huge_file_size)]
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "emulator.log"
 
@@ -87,7 +89,8 @@ class EmulatorHandle:
     def requests(self) -> list[dict[str, str | None]]:
         """Every request received since the last reset (the last 2000), both hosts, oldest first, control routes
         excluded: ``{"host": "hub"|"cdn", "method", "path" (raw path, plus ``?query`` when present), "auth" (the
-        whole ``Authorization`` header, or None)}``."""
+        whole ``Authorization`` header, or None), "range", "ua" (the ``User-Agent``: the mirror's is ``hf-mirror/...``;
+        a client's would say ``hf_hub`` or ``hf_xet``)}``."""
         return list(self._control("stats")["requests"])
 
     def reset_stats(self) -> None:
@@ -133,8 +136,9 @@ class EmulatorHandle:
 
 @contextlib.contextmanager
 def run_emulator(workdir: Path, *, page_size: int = 1000, big_file_size: int = 8 << 20,
-                 url_ttl: float = 300.0) -> Iterator[EmulatorHandle]:
-    handle = EmulatorHandle(workdir, page_size=page_size, big_file_size=big_file_size, url_ttl=url_ttl)
+                 url_ttl: float = 300.0, huge_file_size: int = 0) -> Iterator[EmulatorHandle]:
+    handle = EmulatorHandle(workdir, page_size=page_size, big_file_size=big_file_size, url_ttl=url_ttl,
+                            huge_file_size=huge_file_size)
     handle.start()
     try:
         yield handle
