@@ -8,6 +8,7 @@ valid on POSIX, so an in-flight download completes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -252,12 +253,19 @@ class CacheManager:
         removed = 0
         now = time.time()
         for entry in os.scandir(partials_dir):
+            if entry.name.endswith(".part.prefix"):  # a parallel fill's progress note, orphaned by a crash
+                if not os.path.exists(entry.path[: -len(".prefix")]):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                continue
             if not entry.name.endswith(".part"):
                 continue
             etag = entry.name[: -len(".part")]
             if await self.store.stat(etag) is not None or now - entry.stat().st_mtime > _PARTIAL_MAX_AGE:
                 if await self.store.read_lease(etag) is None:
                     os.unlink(entry.path)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path + ".prefix")
                     removed += 1
         return removed
 
@@ -458,7 +466,7 @@ class CacheManager:
 
     def _scan_usage(self, blobs: dict[str, BlobInfo]) -> list[RepoUsage]:
         """Per-repo usage in one SQL pass over the file entries (``index.scan_files``); blobs counted once each."""
-        pinned = self.index.pinned_repos()
+        pinned = set(self.index.pin_sources())
         per_repo: dict[tuple[str, str], list[Any]] = {}
         for repo_type, repo_id, entry in self.index.scan_files():
             info = blobs.get(entry.etag) if entry.etag else None
@@ -515,7 +523,7 @@ class CacheManager:
         index entries (range queries), never the whole index. Returns (blobs removed, bytes freed)."""
         key = (repo.type.value, repo.repo_id)
         async with self._lock:
-            pinned = await asyncio.to_thread(self.index.pinned_repos)
+            pinned = set(await asyncio.to_thread(self.index.pin_sources))  # a range query over the pins only
             if key in pinned:
                 raise RepoPinned(f"{repo.type.value} {repo.repo_id} is pinned: unpin it first")
 
