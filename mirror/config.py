@@ -135,9 +135,11 @@ class Settings:
     # ``https://datasets-server.<upstream host>``; ``off`` answers the viewer host from the cache only.
     viewer_upstream: str | None = None
     # Xet (issue 17): files upstream marks as Xet-backed carry the mirror's own Xet hints (token route, CAS under
-    # ``/_xet``), so hf_xet clients download through the mirror (files over 50 GB included). Off: every Xet hint is
-    # stripped and clients download over plain HTTP. ``xet_token_ttl``: seconds a Xet token / byte-range URL lives.
-    serve_xet: bool = False
+    # ``/_xet``), so hf_xet clients download through the mirror (files over 50 GB included). On by default: every
+    # client generation tested (huggingface_hub 2.x, 1.33, 0.36, each with its hf_xet) downloads through it (README).
+    # Off: every Xet hint is stripped and clients download over plain HTTP. ``xet_token_ttl``: seconds a Xet token /
+    # byte-range URL lives.
+    serve_xet: bool = True
     xet_token_ttl: float = 900.0
     # Bounds on what a caller can make the process hold: request line + headers, the time to send them, and the
     # upstream JSON the mirror caches (relayed bodies stream).

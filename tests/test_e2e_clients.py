@@ -1,20 +1,24 @@
 """End to end: the real Hugging Face clients, through the mirror, against the Hub emulator.
 
 Each test compares bytes (sha256) with the emulator's fixtures, compares the client's cache layout (commit, blob
-names) with what the Hub protocol prescribes, and asserts that no mirror response carried a CDN address or Xet
-metadata (the emulator's CDN must see no request from a client: every byte goes through the mirror).
+names) with what the Hub protocol prescribes, and asserts that no mirror response carried a CDN address, and no Xet
+metadata but the mirror's own (with --no-serve-xet: none at all); the emulator's CDN must see no request from a
+client: every byte goes through the mirror.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from tests.hub_emulator.fixtures import GOOD_TOKEN
-from tests.mirror_proc import run_client
+from tests.hub_emulator.runner import EmulatorHandle
+from tests.mirror_proc import MirrorProcess, run_client
 
 pytestmark = pytest.mark.e2e
 
@@ -203,9 +207,35 @@ print(json.dumps(out))
     assert out == {"repo": "repo", "gated": "gated", "rev": "rev", "entry": "entry"}
 
 
-def test_no_cdn_address_or_xet_metadata_reaches_clients(emulator, mirror):
-    cdn = emulator.cdn_url
+@pytest.fixture(scope="module")
+def plain_mirror(emulator: EmulatorHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MirrorProcess]:
+    with MirrorProcess(emulator.url, tmp_path_factory.mktemp("plain") / "cache", "--no-serve-xet") as proc:
+        yield proc
+
+
+def test_xet_hints_name_the_mirror_only(emulator, mirror):
+    """Xet is served by default: a Xet-backed file carries upstream's Xet hash and the mirror's own token route;
+    nothing of upstream's (its hosts, its CAS, its token route) reaches a client."""
+    hosts = (urlsplit(emulator.url).netloc, urlsplit(emulator.cdn_url).netloc)
+    commit = emulator.files.commit("model", MODEL, "main")
     with httpx.Client(base_url=mirror.url) as client:
+        head = client.head(f"/{MODEL}/resolve/main/model.safetensors")
+        assert head.status_code == 200 and len(head.headers["x-xet-hash"]) == 64
+        assert head.headers["link"] == f'<{mirror.url}/api/models/{MODEL}/xet-read-token/{commit}>; rel="xet-auth"'
+        token = client.get(f"/api/models/{MODEL}/xet-read-token/{commit}")
+        assert token.status_code == 200 and token.json()["casUrl"] == f"{mirror.url}/_xet"
+        regular = client.head(f"/{MODEL}/resolve/main/config.json")
+        assert "x-xet-hash" not in regular.headers and "link" not in regular.headers
+        tree = client.get(f"/api/models/{MODEL}/tree/main?recursive=true")
+        for response in (head, token, regular, tree):
+            text = str(dict(response.headers)) + response.text
+            assert not any(host in text for host in hosts), text[:300]
+
+
+def test_no_cdn_address_or_xet_metadata_reaches_clients(emulator, plain_mirror):
+    """With --no-serve-xet every Xet hint of upstream's is stripped: plain HTTP only."""
+    cdn = emulator.cdn_url
+    with httpx.Client(base_url=plain_mirror.url) as client:
         for method, path in [("HEAD", f"/{MODEL}/resolve/main/model.safetensors"),
                              ("GET", f"/{MODEL}/resolve/main/model.safetensors"),
                              ("GET", f"/api/models/{MODEL}/tree/main?recursive=true"),
@@ -214,6 +244,8 @@ def test_no_cdn_address_or_xet_metadata_reaches_clients(emulator, mirror):
             assert response.status_code == 200, (path, response.status_code, response.text[:200])
             assert "location" not in response.headers
             for name, value in response.headers.items():
+                if name.lower() == "access-control-expose-headers":  # names X-Xet-Hash, as the Hub's does
+                    continue
                 assert not name.lower().startswith("x-xet"), name
                 assert cdn not in value and "xet" not in value.lower(), (name, value)
             if method == "GET" and "api" in path:

@@ -245,9 +245,10 @@ except Exception as exc:
         assert token_for(xet_mirror, PRIVATE, private_commit, GOOD_TOKEN).status_code == 200
 
 
-def test_xet_off_strips_every_hint(emulator, mirror):
-    """The default mirror fixture (no --serve-xet): plain HTTP only, as before."""
-    with httpx.Client(base_url=mirror.url) as client:
+def test_xet_off_strips_every_hint(emulator, tmp_path):
+    """--no-serve-xet: plain HTTP only, every hint stripped, no token route, no CAS."""
+    with MirrorProcess(emulator.url, tmp_path / "cache", "--no-serve-xet") as mirror, \
+            httpx.Client(base_url=mirror.url) as client:
         head = client.head(f"/{MODEL}/resolve/main/model.safetensors")
         assert "x-xet-hash" not in head.headers and "link" not in head.headers
         assert client.get(f"/api/models/{MODEL}/xet-read-token/main").status_code == 404

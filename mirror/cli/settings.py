@@ -39,7 +39,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
         help="UNSAFE on a shared network: callers that send no token read what the service token can read")
     add("--serve-xet", action=argparse.BooleanOptionalAction, default=None,
         help="Xet through the mirror: its own token route and CAS for files upstream marks as Xet-backed (needed "
-        "for files over 50 GB); --no-serve-xet strips every Xet hint (plain HTTP only)")
+        "for files over 50 GB; on by default); --no-serve-xet strips every Xet hint (plain HTTP only)")
     add("--xet-token-ttl", type=float, help="seconds a Xet token or byte-range URL of the mirror lives (default 900)")
     add("--workers", type=int, help="worker processes (default 1); they share one cache and one fill per file")
     add("--max-size", help="disk quota for blobs, e.g. 500G; least recently used unpinned blobs are evicted")

@@ -120,7 +120,7 @@ def query_pairs(scope: Scope) -> list[tuple[str, str]]:
 CORS_HEADERS = (
     (b"access-control-allow-origin", b"*"),
     (b"access-control-expose-headers", b"X-Repo-Commit,X-Request-Id,X-Error-Code,X-Error-Message,X-Total-Count,"
-     b"ETag,Link,Accept-Ranges,Content-Range,X-Linked-Size,X-Linked-ETag,X-Mirror-Cache"),
+     b"ETag,Link,Accept-Ranges,Content-Range,X-Linked-Size,X-Linked-ETag,X-Xet-Hash,X-Mirror-Cache"),
 )
 _PREFLIGHT_MAX_AGE = b"86400"
 
