@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
+import shutil
+import sys
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
@@ -332,3 +335,81 @@ print(json.dumps(dict(model_type=cfg.model_type, ids=tok("hello world")["input_i
         out = run_client(code, xet_mirror.url, tmp_path / "home", timeout=180, **XET_ON)
     assert out["model_type"] == "bert" and out["ids"]
     assert out["weights"] == sha256(emulator.files.file_bytes("model", MODEL, "main", "model.safetensors"))
+
+
+# --- files over 50 GB (huggingface_hub refuses them over plain HTTP: constants.MAX_HTTP_DOWNLOAD_SIZE) ---------------
+
+HUGE = "acme/huge-data"
+OVER_50GB = 50 * 10**9 + 64 * 2**20
+SMALL_HUGE = 300 * 2**20  # over a 256 MB window of hf_xet 1.6: two windows and a speculative third (416)
+
+HUGE_CODE = """
+import json, hashlib, os, sys, time
+from huggingface_hub import constants, hf_hub_download
+constants.MAX_HTTP_DOWNLOAD_SIZE = {limit}
+t = time.monotonic()
+try:
+    path = hf_hub_download("{repo}", "huge.bin", repo_type="dataset")
+except Exception as exc:
+    print(json.dumps(dict(error=type(exc).__name__ + ": " + str(exc)[:300])))
+    sys.exit(0)
+took = time.monotonic() - t
+digest = hashlib.sha256()
+with open(path, "rb") as f:
+    while block := f.read(16 << 20):
+        digest.update(block)
+print(json.dumps(dict(size=os.path.getsize(path), sha=digest.hexdigest(), seconds=took, path=path)))
+"""
+
+
+def peak_rss_mib(mirror: MirrorProcess) -> float:
+    assert mirror.proc is not None
+    status = open(f"/proc/{mirror.proc.pid}/status").read()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
+
+
+def huge_through_the_mirror(tmp_path, size: int, limit: int, python: str, label: str) -> dict:
+    from tests.hub_emulator.runner import run_emulator
+
+    with run_emulator(tmp_path / "emulator", huge_file_size=size) as emu, \
+            MirrorProcess(emu.url, tmp_path / "cache") as mirror:
+        code = HUGE_CODE.format(limit=limit, repo=HUGE)
+        # Plain HTTP refuses it, as on the Hub: "The file is too large to be downloaded using the regular method".
+        plain = run_client(code, mirror.url, tmp_path / "plain", python=python, timeout=60)
+        assert "too large" in plain.get("error", ""), plain
+        with xet_path_taken(emu, mirror):
+            out = run_client(code, mirror.url, tmp_path / "xet", python=python, timeout=3600, **XET_ON)
+        assert out.get("size") == size, out
+        assert out["sha"] == emu.files.etag("dataset", HUGE, "main", "huge.bin")
+        out["peak_rss_mib"] = peak_rss_mib(mirror)
+        out["reconstruction_416"] = len(re.findall(r"reconstructions/\S+ 416", mirror.log()))
+        print(f"{label}: {size / 1e9:.2f} GB over Xet through the mirror in {out['seconds']:.1f} s "
+              f"({size / out['seconds'] / 1e6:.0f} MB/s, cold fill included), mirror peak RSS "
+              f"{out['peak_rss_mib']:.0f} MiB, {out['reconstruction_416']} speculative windows answered 416")
+        return out
+
+
+def test_file_over_the_http_limit_needs_xet(tmp_path):
+    """The >50 GB path with a smaller file: the client's own limit lowered below it in the client process. Plain HTTP
+    refuses it; Xet through the mirror serves it, in every client generation."""
+    from tests.test_old_clients import client_venv
+
+    for label, python in (("2.x", sys.executable), ("1.33", client_venv("1.33.0")), ("0.36", client_venv("0.36.2"))):
+        out = huge_through_the_mirror(tmp_path / label, SMALL_HUGE, 100 * 10**6, python, label)
+        if label == "1.33":
+            assert out["reconstruction_416"] >= 1  # its speculative request past the last window
+        if label == "2.x":  # the shared blob store, under the Xet hash the emulator advertised
+            assert os.path.islink(out["path"]) and "/hub/blobs/" in os.path.realpath(out["path"])
+
+
+def test_file_over_50_gb(tmp_path):
+    """A real >50 GB file (generated upstream, never stored there). The mirror stores the blob and the client its
+    copy: both on this disk."""
+    need = 2 * OVER_50GB + 4 * 2**30
+    free = shutil.disk_usage(tmp_path).free
+    if free < need:
+        pytest.skip(f"a file over 50 GB needs {need / 2**30:.0f} GiB free under {tmp_path} (the mirror's blob and "
+                    f"the client's copy), only {free / 2**30:.0f} GiB here; test_file_over_the_http_limit_needs_xet "
+                    f"proves the same path with a smaller file")
+    out = huge_through_the_mirror(tmp_path, OVER_50GB, 50 * 10**9, sys.executable, "2.x")
+    assert out["size"] > 50 * 10**9
