@@ -77,9 +77,9 @@ def xet_path_taken(emulator: EmulatorHandle, mirror: MirrorProcess) -> Iterator[
     for route, count in before.items():
         assert counter(mirror, route) > count, route
     records = emulator.requests()
-    # The mirror's: hf-mirror/x (its API client), python-urllib3/x (its bulk fill client, mirror.upstream.bulk).
+    # The mirror's own User-Agent, on its API requests and its bulk fills alike.
     agents = {r.get("ua") or "" for r in records}
-    assert all(ua.startswith(("hf-mirror/", "python-urllib3/")) for ua in agents), agents
+    assert all(ua.startswith("hf-mirror/") for ua in agents), agents
     assert not [r["path"] for r in records if "xet-" in r["path"] or "reconstructions" in r["path"]]
     assert emulator.stats()["counts"].get("cdn_requests_with_auth", 0) == 0
 

@@ -17,7 +17,10 @@ import certifi
 import httpx
 import urllib3
 
+from mirror import __version__
 from mirror.errors import UpstreamUnavailable
+
+USER_AGENT = f"hf-mirror/{__version__}"  # on every request the mirror sends upstream
 
 
 class BulkBody:
@@ -82,7 +85,7 @@ class BulkPools:
     def __init__(self, *, connect_timeout: float, read_timeout: float) -> None:
         self._options: dict[str, Any] = dict(
             timeout=urllib3.Timeout(connect=connect_timeout, read=read_timeout),
-            retries=False, maxsize=64, ca_certs=certifi.where(), headers={"user-agent": "hf-mirror/0.1"},
+            retries=False, maxsize=64, ca_certs=certifi.where(), headers={"user-agent": USER_AGENT},
         )
         self._pools: dict[str | None, urllib3.PoolManager] = {}
 

@@ -25,7 +25,7 @@ from mirror import hf
 from mirror.config import Settings
 from mirror.errors import MirrorError, UpstreamTimeout, UpstreamUnavailable, scrub_secrets
 from mirror.metrics import Metrics
-from mirror.upstream.bulk import BulkBody, BulkPools, BulkResponse
+from mirror.upstream.bulk import USER_AGENT, BulkBody, BulkPools, BulkResponse
 from mirror.upstream.errors import hub_error
 from mirror.upstream.rate import RateLimit, sync_rate_now
 from mirror.upstream.retry import A, with_retries
@@ -92,7 +92,7 @@ class UpstreamClient:
             ),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
             follow_redirects=False,
-            headers={"user-agent": "hf-mirror/0.1"},
+            headers={"user-agent": USER_AGENT},
         )
         self._bulk = BulkPools(connect_timeout=settings.connect_timeout, read_timeout=settings.read_timeout)
         # Every fill's bytes pass this bucket (``upstream_rate``; the sync command switches to ``sync_rate``).
@@ -109,7 +109,8 @@ class UpstreamClient:
         self._bulk.clear()
 
     def _headers(self, url: str, token: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
-        headers = dict(extra or {})
+        # The mirror's own User-Agent on every request: urllib3 replaces a pool's default headers with a request's.
+        headers = {"user-agent": USER_AGENT, **(extra or {})}
         if token and _origin(url) == self.origin:
             headers["authorization"] = f"Bearer {token}"
         return headers
