@@ -208,7 +208,7 @@ class MirrorApp:
                                                       lambda repo: self.caller(scope, repo))
             route = hf.classify(raw_path)
             if method == "OPTIONS":
-                await send_preflight(send, route.methods)
+                await send_preflight(send, route.methods, grant=route.kind is not hf.RouteKind.MIRROR)
                 return "options"
             if method not in route.methods:
                 raise MethodNotAllowed(f"{method} is not allowed here: this mirror is read-only",

@@ -4,6 +4,7 @@
     ├── BadRequest                   400  invalid repo id, revision, path, body
     ├── MethodNotAllowed             405  every write: the mirror is read-only (carries ``Allow``)
     ├── RouteNotFound                404  not a read route the mirror serves (never relayed)
+    ├── UnsupportedMediaType         415  the mirror's own actions take JSON only
     ├── HeadersTooLarge              431  request headers over the mirror's limit
     ├── RangeNotSatisfiable          416
     ├── AccessDenied                 401/403 mirror-side access control and allow/deny lists
@@ -52,6 +53,11 @@ class RouteNotFound(MirrorError):
 
     status = 404
     code = "RouteNotFound"
+
+
+class UnsupportedMediaType(MirrorError):
+    status = 415
+    code = "UnsupportedMediaType"
 
 
 class HeadersTooLarge(MirrorError):

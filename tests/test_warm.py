@@ -109,5 +109,14 @@ def test_bad_warm_requests_get_a_clear_error(mirror, body, status):
 def test_warm_needs_json_and_unknown_jobs_are_404(mirror):
     form = httpx.post(mirror.url + "/api/mirror/warm", data={"repo": MODEL}, timeout=30)
     assert form.status_code == 415
+    # No page on another origin can start jobs: its preflight is granted nothing, its request is refused.
+    preflight = httpx.options(mirror.url + "/api/mirror/warm", timeout=30, headers={
+        "origin": "https://evil.example", "access-control-request-method": "POST",
+        "access-control-request-headers": "content-type"})
+    assert "access-control-allow-headers" not in preflight.headers
+    assert "access-control-allow-methods" not in preflight.headers
+    cross = httpx.post(mirror.url + "/api/mirror/warm", json={"repo": MODEL}, timeout=30,
+                       headers={"origin": "https://evil.example", "sec-fetch-site": "cross-site"})
+    assert cross.status_code == 403 and cross.headers["x-error-code"] == "CrossSiteRequest"
     assert httpx.get(mirror.url + "/api/mirror/warm/0123456789abcdef", timeout=30).status_code == 404
     assert httpx.get(mirror.url + "/api/mirror/warm", timeout=30).status_code == 405

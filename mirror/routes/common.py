@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from urllib.parse import urlsplit
 
 from mirror import hf
 from mirror.asgi import Receive, Scope, Send
-from mirror.errors import BadRequest, MirrorError, RangeNotSatisfiable
+from mirror.errors import AccessDenied, BadRequest, MirrorError, RangeNotSatisfiable, UnsupportedMediaType
 
 
 def header(scope: Scope, name: bytes) -> str | None:
@@ -125,11 +126,37 @@ CORS_HEADERS = (
 _PREFLIGHT_MAX_AGE = b"86400"
 
 
-async def send_preflight(send: Send, methods: tuple[str, ...]) -> None:
-    """Answer ``OPTIONS`` (a CORS preflight, or a plain probe) locally: nothing goes upstream."""
+async def send_preflight(send: Send, methods: tuple[str, ...], *, grant: bool = True) -> None:
+    """Answer ``OPTIONS`` (a CORS preflight, or a plain probe) locally: nothing goes upstream. ``grant=False`` for
+    the mirror's own actions (warm, pin...): answered, but nothing granted, so no page on another origin may call
+    them with JSON."""
     allow = ", ".join((*methods, "OPTIONS")).encode()
-    headers = [(b"allow", allow), (b"access-control-allow-methods", allow),
-               (b"access-control-allow-headers", b"authorization, range, content-type, user-agent, x-request-id"),
-               (b"access-control-max-age", _PREFLIGHT_MAX_AGE), (b"content-length", b"0")]
+    headers = [(b"allow", allow), (b"content-length", b"0")]
+    if grant:
+        headers += [(b"access-control-allow-methods", allow),
+                    (b"access-control-allow-headers", b"authorization, range, content-type, user-agent, x-request-id"),
+                    (b"access-control-max-age", _PREFLIGHT_MAX_AGE)]
     await send({"type": "http.response.start", "status": 204, "headers": headers})
     await send({"type": "http.response.body", "body": b""})
+
+
+def refuse_cross_site(scope: Scope) -> None:
+    """No web page on another origin may trigger an action: the body must be JSON (a cross-origin page must then
+    send a preflight, which these routes never grant), and a browser's request from another origin is refused by
+    its ``Origin`` / ``Sec-Fetch-Site`` headers (a plain form cannot send JSON, but belt and braces)."""
+    if "application/json" not in (header(scope, b"content-type") or "").lower():
+        raise UnsupportedMediaType("send the request with Content-Type: application/json")
+    site = (header(scope, b"sec-fetch-site") or "").lower()
+    origin = header(scope, b"origin")
+    if site and site not in ("same-origin", "none"):
+        raise AccessDenied("cross-site requests cannot change the mirror", status=403, code="CrossSiteRequest")
+    if origin is None:
+        return  # not a browser's cross-origin request (browsers send Origin on every cross-origin POST)
+    # Host names only: a front (nginx's ``proxy_set_header Host $host``) may drop the port the browser used.
+    hosts = {_hostname(header(scope, b"host")), _hostname(header(scope, b"x-forwarded-host"))} - {""}
+    if origin == "null" or (urlsplit(origin).hostname or "").lower() not in hosts:
+        raise AccessDenied("cross-origin requests cannot change the mirror", status=403, code="CrossSiteRequest")
+
+
+def _hostname(value: str | None) -> str:
+    return (urlsplit("//" + value.split(",")[0].strip()).hostname or "").lower() if value else ""

@@ -8,16 +8,15 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from mirror import hf
 from mirror.asgi import Receive, Scope, Send
-from mirror.errors import AccessDenied, BadRequest, MethodNotAllowed, MirrorError, RouteNotFound
+from mirror.errors import BadRequest, MethodNotAllowed, MirrorError, RouteNotFound
 from mirror.metrics import Metrics
-from mirror.routes.common import header, send_error
+from mirror.routes.common import refuse_cross_site, send_error, send_preflight
 from mirror.status import render_status_page
 
 if TYPE_CHECKING:
@@ -69,11 +68,6 @@ def install(app: FastAPI, metrics: Metrics, status: Status, refresh: Callable[[]
 # --- the operator's actions on one repo --------------------------------------------------------------------------
 
 
-class UnsupportedMediaType(MirrorError):
-    status = 415
-    code = "UnsupportedMediaType"
-
-
 def parse_action(raw_path: str) -> tuple[hf.RepoRef, str]:
     """``/api/mirror/repos/model/acme/x/pin`` -> (model acme/x, ``pin``); 404 for anything else."""
     rest = raw_path[len(ACTIONS_PREFIX):].rstrip("/")
@@ -82,28 +76,6 @@ def parse_action(raw_path: str) -> tuple[hf.RepoRef, str]:
     if action not in ACTIONS or kind not in ("model", "dataset", "space") or not repo_id:
         raise RouteNotFound("expected POST /api/mirror/repos/{model|dataset|space}/{org/name}/{pin|unpin|evict}")
     return hf.RepoRef(hf.RepoType(kind), hf.validate_repo_id(repo_id)), action
-
-
-def refuse_cross_site(scope: Scope) -> None:
-    """No web page on another origin may trigger an action: the body must be JSON (a cross-origin page must then
-    send a preflight, which these routes never grant), and a browser's request from another origin is refused by
-    its ``Origin`` / ``Sec-Fetch-Site`` headers (a plain form cannot send JSON, but belt and braces)."""
-    if "application/json" not in (header(scope, b"content-type") or "").lower():
-        raise UnsupportedMediaType("send the request with Content-Type: application/json")
-    site = (header(scope, b"sec-fetch-site") or "").lower()
-    origin = header(scope, b"origin")
-    if site and site not in ("same-origin", "none"):
-        raise AccessDenied("cross-site requests cannot change the mirror", status=403, code="CrossSiteRequest")
-    if origin is None:
-        return  # not a browser's cross-origin request (browsers send Origin on every cross-origin POST)
-    # Host names only: a front (nginx's ``proxy_set_header Host $host``) may drop the port the browser used.
-    hosts = {_hostname(header(scope, b"host")), _hostname(header(scope, b"x-forwarded-host"))} - {""}
-    if origin == "null" or (urlsplit(origin).hostname or "").lower() not in hosts:
-        raise AccessDenied("cross-origin requests cannot change the mirror", status=403, code="CrossSiteRequest")
-
-
-def _hostname(value: str | None) -> str:
-    return (urlsplit("//" + value.split(",")[0].strip()).hostname or "").lower() if value else ""
 
 
 class RepoActions:
@@ -123,10 +95,8 @@ class RepoActions:
         method = scope["method"]
         try:
             repo, action = parse_action(raw_path)
-            if method == "OPTIONS":  # answered, but nothing granted: no Access-Control-Allow-Headers/-Methods
-                await send({"type": "http.response.start", "status": 204,
-                            "headers": [(b"allow", b"POST, OPTIONS"), (b"content-length", b"0")]})
-                await send({"type": "http.response.body", "body": b""})
+            if method == "OPTIONS":
+                await send_preflight(send, ("POST",), grant=False)
                 return "options"
             if method != "POST":
                 raise MethodNotAllowed(f"{method} is not allowed here: POST", allow=("POST",))

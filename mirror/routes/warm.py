@@ -14,17 +14,12 @@ from mirror import hf
 from mirror.access import Caller
 from mirror.asgi import Receive, Scope, Send
 from mirror.errors import BadRequest, MirrorError, RouteNotFound
-from mirror.routes.common import header, query_pairs, read_body, send_error
+from mirror.routes.common import query_pairs, read_body, refuse_cross_site, send_error
 from mirror.sync.warm import WarmJobs, WarmRequest
 
 _MAX_BODY = 64 * 1024
 _MAX_PATTERNS = 200
 Authorize = Callable[[hf.RepoRef], Caller]  # the caller, after the lists and the mirror token allow the repo
-
-
-class UnsupportedMediaType(MirrorError):
-    status = 415
-    code = "UnsupportedMediaType"
 
 
 class WarmHandler:
@@ -64,9 +59,7 @@ class WarmHandler:
             return "error"
 
     async def _json_body(self, scope: Scope, receive: Receive) -> Any:
-        # JSON only: a browser must preflight it, so no page on another origin can start jobs with a plain form.
-        if "json" not in (header(scope, b"content-type") or ""):
-            raise UnsupportedMediaType("send the warm request as application/json")
+        refuse_cross_site(scope)  # JSON only, and never from a page on another origin (its preflight grants nothing)
         body = await read_body(receive, limit=_MAX_BODY, timeout=self.body_timeout)
         try:
             return json.loads(body or b"{}")

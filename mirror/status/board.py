@@ -71,8 +71,7 @@ class StatusBoard:
         self._pins = (0.0, {})
 
     def _warm_jobs(self) -> list[Any]:
-        jobs = getattr(self.warm_jobs, "_jobs", None)  # mirror.sync.warm.WarmJobs keeps the last 1000, in memory
-        return list(jobs.values())[-1000:] if jobs else []
+        return self.warm_jobs.recent() if self.warm_jobs is not None else []
 
     async def data(self, *, page: str | None = None, q: str | None = None, per_page: str | None = None,
                    hours: float = 6.0) -> dict[str, Any]:

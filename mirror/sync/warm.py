@@ -155,6 +155,10 @@ class WarmJobs:
     def get(self, job_id: str) -> WarmJob | None:
         return self._jobs.get(job_id)
 
+    def recent(self) -> list[WarmJob]:
+        """The jobs kept (the last 1000), oldest first: the status page shows the running ones."""
+        return list(self._jobs.values())
+
     async def _run(self, job: WarmJob, backend: _WarmBackend) -> None:
         job.state = "running"
         manifest = Manifest(Path("<warm>"), (job.request.spec,))
