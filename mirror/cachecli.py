@@ -172,7 +172,7 @@ async def _rm(parts: Parts, args: argparse.Namespace) -> int:
         hf.validate_repo_id(repo.repo_id)
     except (ValueError, BadRequest) as exc:
         raise ConfigError(f"not a repo: {args.repo!r} (use acme/x, model:acme/x or datasets/acme/x)") from exc
-    known = any(True for t, r, _ in parts.index.iter_files() if (t, r) == (repo.type.value, repo.repo_id)) or any(
+    known = bool(parts.index.repo_files(repo)) or any(
         (t, r) == (repo.type.value, repo.repo_id) for t, r, _rev, _e in parts.index.iter_refs())
     pinned = (repo.type.value, repo.repo_id) in parts.index.pinned_repos()
     if not known and not pinned:

@@ -465,10 +465,10 @@ class CacheManager:
         return self._snapshot
 
     def _scan_usage(self, blobs: dict[str, BlobInfo]) -> list[RepoUsage]:
-        """Per-repo usage in one SQL pass over the file entries (``index.scan_files``); blobs counted once each."""
+        """Per-repo usage in one SQL pass over the file entries (``index.iter_files``); blobs counted once each."""
         pinned = set(self.index.pin_sources())
         per_repo: dict[tuple[str, str], list[Any]] = {}
-        for repo_type, repo_id, entry in self.index.scan_files():
+        for repo_type, repo_id, entry in self.index.iter_files():
             info = blobs.get(entry.etag) if entry.etag else None
             if info is None:
                 continue

@@ -224,22 +224,30 @@ class MetadataIndex:
     def iter_keys(self, kind: str) -> Iterator[tuple[str, ...]]:
         """Keys of one kind, split into their parts (``("file", type, repo, commit, path)``)."""
         prefix = kind + _SEP
-        for key in self._cache.iterkeys():
-            if isinstance(key, str) and key.startswith(prefix):
-                yield tuple(key.split(_SEP))
+        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        rows = self._cache._sql(  # a range scan of SQLite's key index: no visit of the other kinds' entries
+            "SELECT key FROM Cache WHERE key >= ? AND key < ? AND raw = 1 AND (expire_time IS NULL OR expire_time > ?)",
+            (prefix, upper, time.time()))
+        for (key,) in rows:
+            yield tuple(key.split(_SEP))
 
     def iter_files(self) -> Iterator[tuple[str, str, FileEntry]]:
-        """Every file entry as (repo type, repo id, entry)."""
-        for key in self.iter_keys("file"):
-            entry = self._cache.get(_SEP.join(key))
-            if entry is not None:
-                yield key[1], key[2], entry
+        """Every file entry as (repo type, repo id, entry), in one SQL pass over the file keys (a million entries:
+        seconds, not one lookup per key)."""
+        for key, entry in self._rows_with_prefix("file" + _SEP):
+            parts = key.split(_SEP)
+            if len(parts) >= 3 and isinstance(entry, FileEntry):
+                yield parts[1], parts[2], entry
 
     def delete_repo(self, repo: RepoRef) -> int:
+        """Every entry of ``repo`` (access records aside): range queries on its key prefixes, no scan."""
         removed = 0
-        for key in list(self._cache.iterkeys()):
-            parts = key.split(_SEP) if isinstance(key, str) else []
-            if len(parts) >= 3 and parts[0] != "access" and parts[1] == repo.type.value and parts[2] == repo.repo_id:
+        for kind in ("ref", "file", "api", "public", "pin", "xet"):
+            prefix = _key(kind, repo.type.value, repo.repo_id)
+            keys = [key for key, _ in self._rows_with_prefix(prefix + _SEP)]
+            if self._cache.get(prefix) is not None:  # ("public"|"pin", type, repo) has nothing after the id
+                keys.append(prefix)
+            for key in keys:
                 removed += bool(self._cache.delete(key))
         self._files.data.clear()
         self._refs = {k: v for k, v in self._refs.items() if k[0] != repo.key}
@@ -253,18 +261,15 @@ class MetadataIndex:
         self._cache.set(_key("ref", repo.type.value, repo.repo_id, revision), entry)
 
     def iter_refs(self) -> Iterator[tuple[str, str, str, RefEntry]]:
-        """Every ref as (repo type, repo id, revision, entry)."""
-        for key in self.iter_keys("ref"):
-            entry = self._cache.get(_SEP.join(key))
-            if entry is not None and len(key) == 4:
-                yield key[1], key[2], key[3], entry
+        """Every ref as (repo type, repo id, revision, entry), in one SQL pass."""
+        for key, entry in self._rows_with_prefix("ref" + _SEP):
+            parts = key.split(_SEP)
+            if len(parts) == 4 and isinstance(entry, RefEntry):
+                yield parts[1], parts[2], parts[3], entry
 
     def files_at(self, repo: RepoRef, commit: str) -> list[FileEntry]:
         """The file entries (present and missing) known for ``repo`` at ``commit``."""
-        return [
-            entry for repo_type, repo_id, entry in self.iter_files()
-            if repo_type == repo.type.value and repo_id == repo.repo_id and entry.commit == commit
-        ]
+        return [entry for entry in self.repo_files(repo) if entry.commit == commit]
 
     # --- operator actions and whole-index reads in one SQL pass (the status page, gc; issue 19) -------------------
     # Added for the status page: one range query instead of a lookup per key (a million ``get`` calls take minutes).
@@ -281,13 +286,6 @@ class MetadataIndex:
                 yield key, disk.fetch(mode, filename, value, False)
             except OSError:  # deleted meanwhile
                 continue
-
-    def scan_files(self) -> Iterator[tuple[str, str, FileEntry]]:
-        """Every file entry as (repo type, repo id, entry), like :meth:`iter_files` but in one SQL pass."""
-        for key, entry in self._rows_with_prefix("file" + _SEP):
-            parts = key.split(_SEP)
-            if len(parts) >= 3 and isinstance(entry, FileEntry):
-                yield parts[1], parts[2], entry
 
     def repo_files(self, repo: RepoRef) -> list[FileEntry]:
         """One repo's file entries (every commit), from a range query on its key prefix: no scan of the index."""
