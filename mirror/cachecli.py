@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from mirror import hf
-from mirror.cache_io import export_repo, import_tree
+from mirror.cache import repo_from_spec
+from mirror.cache.hubcache import export_repo, import_tree
 from mirror.config import ConfigError, Settings, format_size
 from mirror.errors import BadRequest
-from mirror.gc import repo_from_spec
 from mirror.index import index_dir
 from mirror.parts import Parts, build_parts
 

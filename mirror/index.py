@@ -12,7 +12,7 @@ Keys and what they mean:
     ("xet", type, repo, ...)               -> see mirror.xet.catalog: upstream's Xet hash of a file
 
 diskcache's defaults (1 GiB size limit, least-recently-stored eviction) would silently drop entries: the index is
-opened with ``eviction_policy="none"`` and no size limit; blobs are evicted by ``mirror.gc``, never by diskcache.
+opened with ``eviction_policy="none"`` and no size limit; blobs are evicted by ``mirror.cache``, never by diskcache.
 Immutable file entries are also kept in a small in-process LRU, since the warm HEAD path reads them on every request.
 
 Every key is built in this module, blob names (:func:`blob_key`) included; the index lives in :func:`index_dir`.

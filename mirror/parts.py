@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mirror.access import AccessPolicy
+from mirror.cache import CacheManager, Scrubber
 from mirror.config import Settings
 from mirror.fill import FillManager
-from mirror.gc import CacheManager
 from mirror.index import MetadataIndex, index_dir
 from mirror.metrics import Metrics
 from mirror.service import MirrorService
@@ -37,6 +37,7 @@ class Parts:
     access: AccessPolicy
     cache: CacheManager
     service: MirrorService
+    scrubber: Scrubber
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, repr=False, compare=False)
 
     async def open(self) -> None:
@@ -50,7 +51,7 @@ class Parts:
         await self.open()
         await self.cache.sweep_partials()
         if self.settings.scrub_rate > 0:
-            self._tasks.append(asyncio.create_task(self.cache.run_scrub(self.settings.scrub_rate)))
+            self._tasks.append(asyncio.create_task(self.scrubber.run(self.settings.scrub_rate)))
         if self.settings.gc_interval > 0:
             self._tasks.append(asyncio.create_task(self.cache.run_periodically(self.settings.gc_interval)))
 
@@ -83,13 +84,15 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
         cancel_on_disconnect=settings.fill_on_disconnect == "cancel", node_url=settings.node_url,
     )
     access = AccessPolicy.from_settings(index, settings)
-    cache = CacheManager(store, index, metrics, max_size=settings.max_size, is_busy=_busy(store, fills),
+    busy = _busy(store, fills)
+    cache = CacheManager(store, index, metrics, max_size=settings.max_size, is_busy=busy,
                          root=settings.cache_dir, min_free_space=settings.min_free_space or 0,
                          evicts_for_disk=settings.storage == "local")
+    scrubber = Scrubber(store, metrics, is_busy=busy)
     service = MirrorService(settings, index, store, upstream, fills, access, metrics, make_room=cache.make_room,
-                            on_hit=cache.suspect if settings.scrub_rate else None)
-    fills.on_commit.append(lambda spec: cache.verified(spec.etag))  # a fill verified it: no first-hit re-hash
-    return Parts(settings, metrics, store, index, upstream, fills, access, cache, service)
+                            on_hit=scrubber.suspect if settings.scrub_rate else None)
+    fills.on_commit.append(lambda spec: scrubber.verified(spec.etag))  # a fill verified it: no first-hit re-hash
+    return Parts(settings, metrics, store, index, upstream, fills, access, cache, service, scrubber)
 
 
 def _busy(store: BlobStore, fills: FillManager) -> Callable[[str], bool]:

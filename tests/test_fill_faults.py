@@ -235,7 +235,7 @@ async def test_make_room_evicts_least_recently_used_blobs(tmp_path: Path, monkey
     import os
     import shutil
 
-    from mirror.gc import CacheManager
+    from mirror.cache import CacheManager
     from mirror.index import MetadataIndex
     from mirror.metrics import Metrics
     from mirror.storage.local import LocalBlobStore

@@ -226,7 +226,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                       "mirror.metrics", "mirror.logs", "mirror.asgi")),
     ("adapters", ("mirror.index", "mirror.storage", "mirror.upstream")),
     ("policy", ("mirror.access", "mirror.auth", "mirror.fill", "mirror.service", "mirror.viewer", "mirror.xet")),
-    ("edges", ("mirror.routes", "mirror.sync", "mirror.gc", "mirror.cache_io", "mirror.status")),
+    ("edges", ("mirror.routes", "mirror.sync", "mirror.cache", "mirror.status")),
     ("the one wiring", ("mirror.parts", "mirror.app", "mirror.server")),
     ("the CLI", ("mirror.cli", "mirror.cachecli", "mirror.__main__")),
 )

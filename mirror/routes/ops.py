@@ -20,7 +20,7 @@ from mirror.routes.common import refuse_cross_site, send_error, send_preflight
 from mirror.status import render_status_page
 
 if TYPE_CHECKING:
-    from mirror.gc import CacheManager
+    from mirror.cache import CacheManager
 
 Status = Callable[..., Awaitable[dict[str, Any]]]
 

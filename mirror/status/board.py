@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 from mirror.status.history import StatusHistory
 
 if TYPE_CHECKING:
+    from mirror.cache import CacheManager, RepoUsage, UsageSnapshot
     from mirror.config import Settings
     from mirror.fill import FillManager
-    from mirror.gc import CacheManager, RepoUsage, UsageSnapshot
     from mirror.upstream import UpstreamClient
 
 PER_PAGE = 50

@@ -1,0 +1,178 @@
+"""Cache maintenance: verify every blob against its etag, sweep stale partial files, remove or evict a repo, pin
+and unpin. Eviction never removes a blob a pinned repo references, nor one being filled; a blob being served is
+safe too (readers hold an open descriptor, and unlinking leaves it valid on POSIX)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mirror.errors import IntegrityError, MirrorError
+from mirror.hf import RepoRef, RepoType
+from mirror.integrity import hash_file
+from mirror.storage.base import BlobInfo
+
+log = logging.getLogger("hf_mirror.cache")
+
+_PARTIAL_MAX_AGE = 7 * 24 * 3600.0  # a partial nobody resumed for a week is dropped
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    checked: int
+    checked_bytes: int
+    corrupt: tuple[BlobInfo, ...]
+    removed: bool
+
+
+class RepoPinned(MirrorError):
+    """An operator asked to evict a pinned repo (``409``: unpin it first)."""
+
+    status = 409
+    code = "RepoPinned"
+
+
+def repo_from_spec(spec: str, default_type: str = "model") -> RepoRef:
+    """``model:acme/x``, ``datasets/acme/x`` or ``acme/x`` -> RepoRef."""
+    repo_type = default_type
+    if ":" in spec:
+        repo_type, spec = spec.split(":", 1)
+    elif spec.startswith(("datasets/", "spaces/", "models/")):
+        plural, spec = spec.split("/", 1)
+        repo_type = plural[:-1]
+    return RepoRef(RepoType(repo_type), spec)
+
+
+class Maintenance:
+    """The maintenance half of :class:`mirror.cache.manager.CacheManager` (it holds the state these share)."""
+
+    async def remove_repo(self, repo: RepoRef) -> tuple[int, int]:
+        """Drop a repo's index entries and the blobs no other repo uses; returns (blobs removed, bytes)."""
+        owners = self.blob_repos()
+        mine = {e for e, repos in owners.items() if (repo.type.value, repo.repo_id) in repos}
+        removed = freed = 0
+        for etag in mine:
+            if owners[etag] - {(repo.type.value, repo.repo_id)} or self.is_busy(etag):
+                continue
+            info = await self.store.stat(etag)
+            if info and await self.store.delete(etag):
+                removed += 1
+                freed += info.size
+        self.index.delete_repo(repo)
+        return removed, freed
+
+    async def sweep_partials(self) -> int:
+        """Delete partial files nobody holds a lease on and nobody touched for a week (others are resumed)."""
+        partials_dir = getattr(self.store, "partials_dir", None)
+        if partials_dir is None or not os.path.isdir(partials_dir):
+            return 0
+        removed = 0
+        now = time.time()
+        for entry in os.scandir(partials_dir):
+            if entry.name.endswith(".part.prefix"):  # a parallel fill's progress note, orphaned by a crash
+                if not os.path.exists(entry.path[: -len(".prefix")]):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                continue
+            if not entry.name.endswith(".part"):
+                continue
+            etag = entry.name[: -len(".part")]
+            if await self.store.stat(etag) is not None or now - entry.stat().st_mtime > _PARTIAL_MAX_AGE:
+                if await self.store.read_lease(etag) is None:
+                    os.unlink(entry.path)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path + ".prefix")
+                    removed += 1
+        return removed
+
+    async def verify(self, *, remove: bool = True, jobs: int = 4,
+                     on_result: Callable[[BlobInfo, bool], None] | None = None) -> VerifyReport:
+        """Re-hash every committed blob against its etag; corrupt ones are deleted when ``remove`` (the next request
+        fills them again). Idle blobs only: a blob being filled is not committed yet, so it is never listed."""
+        sizes = await asyncio.to_thread(self._expected_sizes)
+        blobs = await self.blobs()
+        semaphore = asyncio.Semaphore(max(1, jobs))
+        corrupt: list[BlobInfo] = []
+        checked = 0
+        checked_bytes = 0
+
+        async def check(blob: BlobInfo) -> None:
+            nonlocal checked, checked_bytes
+            async with semaphore:
+                try:
+                    path = await self.store.local_path(blob.etag)
+                except IntegrityError:  # a bucket blob is hashed on its way to this disk: the stored one is bad
+                    ok = False
+                else:
+                    if path is None:
+                        return  # evicted or removed meanwhile
+                    size = sizes.get(blob.etag, blob.size)
+                    try:
+                        ok = await asyncio.to_thread(hash_file, path, blob.etag, size)
+                    except FileNotFoundError:
+                        return
+                checked += 1
+                checked_bytes += blob.size
+                if not ok:
+                    corrupt.append(blob)
+                    self.metrics.integrity_failures.inc()
+                    if remove:
+                        await self.store.delete(blob.etag)
+                if on_result is not None:
+                    on_result(blob, ok)
+
+        await asyncio.gather(*(check(b) for b in blobs))
+        return VerifyReport(checked, checked_bytes, tuple(corrupt), removed=remove)
+
+    def _expected_sizes(self) -> dict[str, int]:
+        return {entry.etag: entry.size for _t, _r, entry in self.index.iter_files() if entry.etag and not entry.missing}
+
+    async def pin_repo(self, repo: RepoRef) -> None:
+        """Pin one repo from the status page or the API (``operator``); eviction keeps its blobs."""
+        await asyncio.to_thread(self.index.pin_repo, repo, "operator")
+        self._patch_snapshot(repo, pinned=True)
+
+    async def unpin_repo(self, repo: RepoRef) -> str | None:
+        """Unpin one repo; returns what had pinned it (a sync manifest pins it again at its next run)."""
+        source = await asyncio.to_thread(self.index.unpin_repo, repo)
+        self._patch_snapshot(repo, pinned=False)
+        return source
+
+    async def evict_repo(self, repo: RepoRef) -> tuple[int, int]:
+        """Evict one unpinned repo's blobs now (its metadata stays: the next request fetches the files again); a
+        blob a pinned repo also uses, or one being filled, is kept. Reads only this repo's and the pinned repos'
+        index entries (range queries), never the whole index. Returns (blobs removed, bytes freed)."""
+        key = (repo.type.value, repo.repo_id)
+        async with self._lock:
+            pinned = set(await asyncio.to_thread(self.index.pin_sources))  # a range query over the pins only
+            if key in pinned:
+                raise RepoPinned(f"{repo.type.value} {repo.repo_id} is pinned: unpin it first")
+
+            def etags() -> tuple[set[str], set[str]]:
+                mine = {e.etag for e in self.index.repo_files(repo) if e.etag and not e.missing}
+                kept: set[str] = set()
+                for repo_type, repo_id in pinned:
+                    kept.update(e.etag for e in self.index.repo_files(RepoRef(RepoType(repo_type), repo_id))
+                                if e.etag)
+                return mine, kept
+
+            mine, kept = await asyncio.to_thread(etags)
+            removed = freed = 0
+            for etag in sorted(mine - kept):
+                if self.is_busy(etag):
+                    continue
+                info = await self.store.stat(etag)
+                if info is not None and await self.store.delete(etag):
+                    removed += 1
+                    freed += info.size
+                    self.metrics.evictions.inc()
+            if self._used is not None:
+                self._used = max(0, self._used - freed)
+        self._patch_snapshot(repo, freed=(removed, freed))
+        log.info("operator evicted %s %s: %d blobs (%d bytes)", repo.type.value, repo.repo_id, removed, freed)
+        return removed, freed

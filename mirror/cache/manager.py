@@ -1,0 +1,141 @@
+"""The cache's quota: least recently used, unpinned, idle blobs are evicted so that blobs stay under ``max_size``
+as fills start (not only at the periodic pass) and a fill leaves ``min_free_space`` on the disk."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mirror.cache.maintenance import Maintenance
+from mirror.cache.usage import UsageReports, UsageSnapshot
+from mirror.index import MetadataIndex
+from mirror.metrics import Metrics
+from mirror.storage.base import BlobInfo, BlobStore
+
+log = logging.getLogger("hf_mirror.cache")
+
+# A fill that would pass the quota evicts down to this share of it: one pass makes room for several fills.
+_QUOTA_LOW_WATER = 0.95
+
+
+@dataclass(frozen=True)
+class GcReport:
+    evicted: int
+    freed_bytes: int
+    total_bytes: int
+
+
+class CacheManager(UsageReports, Maintenance):
+    def __init__(self, store: BlobStore, index: MetadataIndex, metrics: Metrics, *, max_size: int | None,
+                 is_busy: Callable[[str], bool], root: Path, min_free_space: int = 0,
+                 evicts_for_disk: bool = True) -> None:
+        self.store = store
+        self.root = root  # the disk fills write to
+        self.min_free_space = min_free_space
+        # Local storage: blobs on this disk can go to make room. A shared bucket is not this disk's to evict.
+        self.evicts_for_disk = evicts_for_disk
+        self.index = index
+        self.metrics = metrics
+        self.max_size = max_size
+        self.is_busy = is_busy
+        self._lock = asyncio.Lock()
+        # Blob bytes as this process knows them: set by every scan, raised by each fill it lets start, lowered by
+        # each eviction. Other workers' fills show up at the next scan (the periodic pass, or a status snapshot).
+        self._used: int | None = None
+        self._snapshot: UsageSnapshot | None = None
+        self._snapshot_task: asyncio.Task[UsageSnapshot] | None = None
+
+    async def blobs(self) -> list[BlobInfo]:
+        return [info async for info in self.store.list_blobs()]
+
+    def blob_repos(self) -> dict[str, set[tuple[str, str]]]:
+        """etag -> the repos whose cached file entries name it. A scan of the index: call it in a thread."""
+        owners: dict[str, set[tuple[str, str]]] = defaultdict(set)
+        for repo_type, repo_id, entry in self.index.iter_files():
+            if entry.etag:
+                owners[entry.etag].add((repo_type, repo_id))
+        return owners
+
+    async def collect(self, max_size: int | None = None, *, free: int = 0) -> GcReport:
+        """Evict least-recently-used unpinned, idle blobs until the total is under the quota, or ``free`` bytes
+        under what it is now (whichever is lower)."""
+        limit = max_size if max_size is not None else self.max_size
+        async with self._lock:
+            blobs = await self.blobs()
+            total = sum(b.size for b in blobs)
+            if free > 0:
+                limit = max(min(limit or total, total - free), 1)
+            self._update_gauges(blobs)
+            self._used = total
+            if not limit or total <= limit:
+                return GcReport(0, 0, total)
+            pinned = self.index.pinned_repos()
+            owners = await asyncio.to_thread(self.blob_repos)
+            evicted = freed = 0
+            for blob in sorted(blobs, key=lambda b: b.last_access):
+                if total <= limit:
+                    break
+                if self.is_busy(blob.etag) or owners.get(blob.etag, set()) & pinned:
+                    continue
+                if await self.store.delete(blob.etag):
+                    total -= blob.size
+                    freed += blob.size
+                    evicted += 1
+                    self.metrics.evictions.inc()
+            if total > limit:
+                log.warning("cache is %d bytes, over the %d quota: the rest is pinned or in use", total, limit)
+            self.metrics.cache_bytes.set(total)
+            self._used = total
+            return GcReport(evicted, freed, total)
+
+    async def make_room(self, size: int, reserved: int) -> bool:
+        """Room for a new blob of ``size`` bytes beside ``reserved`` bytes that fills in progress have yet to write:
+        under ``max_size`` (the quota holds while serving, not only at the periodic pass), and leaving
+        ``min_free_space`` on the disk; evicts least recently used, unpinned, idle blobs to get it. False: no disk
+        room (the caller relays the file without storing it; the quota alone never refuses a file)."""
+        if self.max_size:
+            if self._used is None:
+                self._used = sum(b.size for b in await self.blobs())
+            over = self._used + reserved + size - self.max_size
+            if over > 0:
+                report = await self.collect(free=over + int(self.max_size * (1 - _QUOTA_LOW_WATER)))
+                log.info("quota: evicted %d blobs (%d bytes) for a new %d-byte fill", report.evicted,
+                         report.freed_bytes, size)
+        shortfall = self._shortfall(size + reserved)
+        if shortfall > 0 and self.evicts_for_disk:
+            report = await self.collect(free=shortfall)
+            log.warning("disk short by %d bytes for a new fill: evicted %d blobs (%d bytes)", shortfall,
+                        report.evicted, report.freed_bytes)
+            shortfall = self._shortfall(size + reserved)
+        if shortfall > 0:
+            return False
+        if self._used is not None:
+            self._used += size
+        return True
+
+    def _shortfall(self, need: int) -> int:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return need + self.min_free_space - shutil.disk_usage(self.root).free
+
+    async def run_periodically(self, interval: float) -> None:
+        """The periodic pass (``gc_interval``): the quota against what every worker wrote, and expired index entries
+        (remembered 404s, access records) dropped."""
+        while True:
+            try:
+                if self.max_size:
+                    report = await self.collect()
+                    if report.evicted:
+                        log.info("gc evicted %d blobs (%d bytes)", report.evicted, report.freed_bytes)
+                await asyncio.to_thread(self.index.cull_expired)
+            except Exception:  # noqa: BLE001 - the loop must survive a bad pass
+                log.exception("gc pass failed")
+            await asyncio.sleep(interval)
+
+    def _update_gauges(self, blobs: list[BlobInfo]) -> None:
+        self.metrics.cache_bytes.set(sum(b.size for b in blobs))
+        self.metrics.cache_blobs.set(len(blobs))
