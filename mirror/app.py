@@ -25,6 +25,7 @@ from mirror.errors import HeadersTooLarge, MethodNotAllowed, MirrorError, RouteN
 from mirror.fill import PEER_ROUTE
 from mirror.logs import AccessLog
 from mirror.metrics import Metrics
+from mirror.parquet_info import OfflineInfo
 from mirror.parts import build_parts
 from mirror.routes import ops
 from mirror.routes.api import ApiHandler
@@ -70,7 +71,8 @@ class Mirror:
         # The dataset viewer's host and the Hub's parquet routes (issue 20): mirror.viewer.
         self.viewer = ViewerHandler(ViewerService(settings, self.index, self.access,
                                                   ViewerUpstream(self.upstream, settings.viewer_upstream or ""),
-                                                  metrics), metrics)
+                                                  metrics, offline_info=OfflineInfo(self.index, self.store)),
+                                    metrics)
         # Xet through the mirror (issue 17, mirror.routes.xet): off, every Xet hint is stripped as before.
         self.xet: XetHandler | None = None
         if settings.serve_xet:

@@ -160,6 +160,27 @@ def test_load_dataset_uses_the_mirrors_info(emulator: EmulatorHandle, tmp_path: 
         assert "/info 404" in mirror.log()
 
 
+def test_offline_info_from_the_cached_parquet_footers(emulator: EmulatorHandle, tmp_path: Path) -> None:
+    """The viewer's answer never cached (its upstream off), the parquet files are: offline, the mirror builds /info
+    from their footers (row counts, plain-value features), and datasets uses it instead of inferring."""
+    train, test = _expected_rows(emulator)
+    cache = tmp_path / "cache"
+    with _mirror(emulator, cache, viewer="off") as mirror:
+        first = _load(mirror, tmp_path / "home-first", streaming=False)
+        assert first["info_used"] is False and first["ids"] == {"train": train, "test": test}
+    with _mirror(emulator, cache, "--offline", viewer="off") as mirror:
+        info = _viewer_get(mirror, f"/info?dataset={DATASET}")
+        assert info.status_code == 200, info.text
+        body = info.json()
+        assert body["partial"] is False and body["pending"] == [] and body["failed"] == []
+        splits = body["dataset_info"]["default"]["splits"]
+        assert {k: v["num_examples"] for k, v in splits.items()} == {"train": len(train), "test": len(test)}
+        assert len(info.headers["x-revision"]) == 40
+        out = _load(mirror, tmp_path / "home-offline", streaming=True)
+        assert out["info_used"] is True and out["schema_reads"] == 0, out
+        assert out["ids"] == {"train": train, "test": test}
+
+
 def test_viewer_stale_when_upstream_down_and_offline(tmp_path: Path) -> None:
     with run_emulator(tmp_path / "emu") as emulator:
         train, test = _expected_rows(emulator)
