@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
+from mirror.config import parse_size as _parse_config_size
+from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
+from tests.support.mirror_proc import MirrorProcess, free_port
+from tests.support.nginx_front import BLOBS_PREFIX, NginxFront, render_nginx_conf  # noqa: F401 - for serve.py
 
-from mirror.config import parse_size as _parse_config_size  # noqa: E402
-from tests.hub_emulator.runner import EmulatorHandle, run_emulator  # noqa: E402
-from tests.mirror_proc import MirrorProcess, free_port  # noqa: E402
-from tests.nginx_front import BLOBS_PREFIX, NginxFront, render_nginx_conf  # noqa: E402,F401 - for serve.py
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 BIG_REPO = "acme/big-data"
 BIG_PATH = f"/datasets/{BIG_REPO}/resolve/main/big.bin"

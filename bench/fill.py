@@ -1,7 +1,7 @@
 """Cold path: a miss through the mirror against a direct download from the emulator (unthrottled and throttled to
 200 MB/s), and 20 concurrent cold requests for one file against one cold GET through the mirror and a direct fetch.
 
-    python bench/fill.py --size 1G --runs 3 [--json out.json]
+    python -m bench.fill --size 1G --runs 3 [--json out.json]
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from common import (
+from bench.common import (
     BIG_PATH,
     BIG_REPO,
     EmulatorHandle,

@@ -5,8 +5,8 @@ entries. Measures, on a real ``hf-mirror serve --offline`` over that cache: ``GE
 an operator's eviction of one repo (``POST /api/mirror/repos/.../evict``); then ``hf-mirror cache du`` and
 ``hf-mirror cache gc`` evicting 10 GiB of (sparse) blobs.
 
-    .venv/bin/python bench/index_scale.py                        # 10,000 repos / 1,000,000 entries vs 1,000
-    .venv/bin/python bench/index_scale.py --entries 100000 --repos 1000
+    .venv/bin/python -m bench.index_scale                        # 10,000 repos / 1,000,000 entries vs 1,000
+    .venv/bin/python -m bench.index_scale --entries 100000 --repos 1000
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ from pathlib import Path
 
 import httpx
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
+from mirror.hf import RepoRef, RepoType
+from mirror.index import FileEntry, MetadataIndex, index_dir
+from tests.support.mirror_proc import free_port
 
-from mirror.hf import RepoRef, RepoType  # noqa: E402
-from mirror.index import FileEntry, MetadataIndex, index_dir  # noqa: E402
-from tests.mirror_proc import free_port  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 TOTAL_BLOB_BYTES = 20 * 2**30  # sparse: what the quota sees, not what the disk holds
 EVICT_BYTES = 10 * 2**30

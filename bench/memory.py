@@ -4,7 +4,7 @@ One client downloads the whole ``--size`` file cold (one fill) while ``--readers
 ``--read-size`` bytes of it (followers of the fill); then the same readers again, warm, from the committed blob.
 The reference is the target of issue 4 (150 MiB); the file's bytes must never be held in memory.
 
-    python bench/memory.py --size 10G --readers 8 --read-size 1G [--json out.json]
+    python -m bench.memory --size 10G --readers 8 --read-size 1G [--json out.json]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from common import (
+from bench.common import (
     BIG_PATH,
     PeakRss,
     Report,

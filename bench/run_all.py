@@ -1,12 +1,11 @@
-"""Every benchmark in one run: ``python bench/run_all.py [--size 1G] [--runs 3] [--json bench.json]``."""
+"""Every benchmark in one run: ``python -m bench.run_all [--size 1G] [--runs 3] [--json bench.json]``."""
 
 from __future__ import annotations
 
 import argparse
 
-import fill
-import serve
-from common import add_common_arguments, ensure_tools, parse_size, print_and_save
+from bench import fill, serve
+from bench.common import add_common_arguments, ensure_tools, parse_size, print_and_save
 
 
 def main() -> None:

@@ -4,7 +4,7 @@
 and HEAD /resolve requests per second at 64 connections for a bounded time (with the count of upstream requests,
 which must be zero).
 
-    python bench/serve.py --size 1G --runs 3 [--head-seconds 10] [--json out.json]
+    python -m bench.serve --size 1G --runs 3 [--head-seconds 10] [--json out.json]
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from common import (
+from bench.common import (
     BIG_PATH,
     BLOBS_PREFIX,
     Nginx,

@@ -7,8 +7,8 @@ In one run, medians of ``--runs``:
 - ``--clients`` concurrent cold clients of the file through one fresh mirror;
 - a cold ``snapshot_download`` of a repo of ``--files`` small files, through the mirror against direct.
 
-    python bench/wan.py --size 512M --runs 3 [--json out.json]     # the recorded figures
-    python bench/wan.py --size 32M --runs 1 --files 20             # a quick run
+    python -m bench.wan --size 512M --runs 3 [--json out.json]     # the recorded figures
+    python -m bench.wan --size 32M --runs 1 --files 20             # a quick run
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import (
+from bench.common import (
     BIG_PATH,
     REPO_ROOT,
     EmulatorHandle,
@@ -34,8 +34,7 @@ from common import (
     parse_size,
     write_json,
 )
-
-from tests.mirror_proc import client_env
+from tests.support.mirror_proc import client_env
 
 MANY_REPO = "acme/tiny-model"
 SNAPSHOT = """

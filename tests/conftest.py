@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import s3_server
-from tests.hub_emulator.runner import EmulatorHandle, run_emulator
-from tests.mirror_proc import MirrorProcess
+from tests.support import s3_server
+from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
+from tests.support.mirror_proc import MirrorProcess
 
 
 def _live_children() -> list[str]:

@@ -1,0 +1,1 @@
+"""The storage backends against one contract (local disk and a real S3 server)."""

@@ -1,0 +1,1 @@
+"""Real processes and real clients: the mirror, the Hub emulator, nginx, S3, browsers."""

@@ -1,0 +1,48 @@
+"""The benchmarks run end to end at a tiny size: tables print, JSON has the right shape, warm HEADs send nothing
+upstream and 20 concurrent cold GETs make one upstream fetch. (Speed is measured by bench/, not by tests.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_run_all_small(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.run_all", "--size", "8M", "--runs", "1", "--head-seconds", "1",
+                           "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "| measure | mirror | reference |" in proc.stdout
+    data = json.loads(out.read_text())
+    rows = {(r["title"].split(" ")[0] + r["title"].split(" ")[1], row["measure"]): row
+            for r in data["reports"] for row in r["rows"]}
+    assert all(row["mirror"] >= 0 and "reference" in row for row in rows.values())
+    head = next(row for (title, m), row in rows.items() if title == "WarmHEAD" and m == "requests/s")
+    assert head["upstream_requests"] == 0 and head["failed"] == 0 and head["mirror"] > 0
+    herd = next(row for (title, m), row in rows.items() if title == "20concurrent" and m == "upstream fetches")
+    assert herd["mirror"] == 1
+
+
+def test_memory_small(tmp_path: Path) -> None:
+    out = tmp_path / "memory.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.memory", "--size", "16M", "--readers", "3", "--read-size", "4M",
+                           "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {row["measure"]: row for r in json.loads(out.read_text())["reports"] for row in r["rows"]}
+    assert rows["upstream fetches"]["mirror"] == 1
+    assert 0 < rows["peak RSS, cold (1 fill + followers)"]["mirror"] < 1024
+
+
+def test_wan_small(tmp_path: Path) -> None:
+    out = tmp_path / "wan.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.wan", "--size", "8M", "--runs", "1", "--files", "10",
+                           "--rtt", "0.05", "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {row["measure"]: row for r in json.loads(out.read_text())["reports"] for row in r["rows"]}
+    assert rows["upstream bytes per file byte"]["mirror"] <= 1.05
+    assert rows["throughput"]["mirror"] > 0 and rows["wall time"]["mirror"] > 0

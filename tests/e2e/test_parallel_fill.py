@@ -1,0 +1,198 @@
+"""Parallel ranged fills (issue 18): a large file fetched upstream as concurrent Range windows, each resumed on its
+own; hashed in order, streamed to followers as the prefix grows, never committed unverified. Real mirror processes
+against the emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
+from tests.support.mirror_proc import MirrorProcess, run_client
+
+BIG = "acme/big-data"
+BIG_URL = f"/datasets/{BIG}/resolve/main/big.bin"
+MIB = 1024 * 1024
+SIZE = 20 * MIB
+WINDOW = 4 * MIB
+WINDOWS = SIZE // WINDOW
+PARALLEL = ("--parallel-fill-threshold", "8MiB", "--fill-window", "4MiB", "--fill-connections", "3")
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorHandle]:
+    with run_emulator(tmp_path_factory.mktemp("emu"), big_file_size=SIZE) as handle:
+        yield handle
+
+
+@pytest.fixture(autouse=True)
+def clean_emulator(emu: EmulatorHandle) -> Iterator[None]:
+    emu.clear_faults()
+    emu.reset_stats()
+    yield
+    emu.clear_faults()
+
+
+def big_sha(emu: EmulatorHandle) -> str:
+    return emu.files.etag("dataset", BIG, "main", "big.bin")
+
+
+def blob(cache: Path, etag: str) -> Path:
+    return cache / "blobs" / etag[:2] / etag
+
+
+def cdn_gets(emu: EmulatorHandle) -> list[dict[str, str | None]]:
+    return [r for r in emu.requests() if r["host"] == "cdn" and r["method"] == "GET"]
+
+
+def ranges(requests: list[dict[str, str | None]]) -> list[tuple[int, int]]:
+    out = []
+    for request in requests:
+        spec = (request.get("range") or "").removeprefix("bytes=")
+        first, _, last = spec.partition("-")
+        out.append((int(first), int(last) + 1))
+    return sorted(out)
+
+
+async def download(url: str) -> tuple[int, str, float, float]:
+    """(status, sha256, seconds to first body byte, total seconds)."""
+    began, first = time.monotonic(), 0.0
+    digest = hashlib.sha256()
+    async with httpx.AsyncClient(timeout=60) as client, client.stream("GET", url) as response:
+        async for chunk in response.aiter_raw():
+            first = first or time.monotonic() - began
+            digest.update(chunk)
+    return response.status_code, digest.hexdigest(), first, time.monotonic() - began
+
+
+def wait_for(predicate: object, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_windows_fill_the_file_once(emu: EmulatorHandle, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    with MirrorProcess(emu.url, cache, *PARALLEL) as mirror:
+        status, sha, _, _ = asyncio.run(download(mirror.url + BIG_URL))
+        assert status == 200 and sha == big_sha(emu)
+        wait_for(lambda: blob(cache, big_sha(emu)).exists())
+    gets = cdn_gets(emu)
+    assert ranges(gets) == [(i * WINDOW, (i + 1) * WINDOW) for i in range(WINDOWS)]  # one request per window
+    assert emu.stats()["bytes_served"] == SIZE  # each upstream byte once
+    assert not list((cache / "partials").glob("*.prefix"))
+
+
+def test_a_small_file_is_one_stream(emu: EmulatorHandle, tmp_path: Path) -> None:
+    with MirrorProcess(emu.url, tmp_path / "cache", "--parallel-fill-threshold", "64MiB") as mirror:
+        status, sha, _, _ = asyncio.run(download(mirror.url + BIG_URL))
+    assert status == 200 and sha == big_sha(emu)
+    assert [r["range"] for r in cdn_gets(emu)] == [None]
+
+
+def test_a_drop_resumes_only_its_window(emu: EmulatorHandle, tmp_path: Path) -> None:
+    emu.set_faults(drop_after_bytes=MIB + 12345, drop_count=1)
+    with MirrorProcess(emu.url, tmp_path / "cache", *PARALLEL) as mirror:
+        status, sha, _, _ = asyncio.run(download(mirror.url + BIG_URL))
+    assert status == 200 and sha == big_sha(emu)
+    got = ranges(cdn_gets(emu))
+    assert len(got) == WINDOWS + 1
+    resumed = [(start, end) for start, end in got if start % WINDOW]
+    assert len(resumed) == 1 and resumed[0][0] % WINDOW == MIB + 12345 and resumed[0][1] % WINDOW == 0
+    assert emu.stats()["bytes_served"] <= SIZE * 1.01
+
+
+def test_an_expired_url_mid_fill_is_resolved_again(emu: EmulatorHandle, tmp_path: Path) -> None:
+    emu.set_faults(drop_after_bytes=MIB, drop_count=1, expire_on_drop=True)
+    with MirrorProcess(emu.url, tmp_path / "cache", *PARALLEL) as mirror:
+        status, sha, _, _ = asyncio.run(download(mirror.url + BIG_URL))
+    assert status == 200 and sha == big_sha(emu)
+    requests = emu.requests()
+    resolves = [r for r in requests if r["host"] == "hub" and r["method"] == "GET" and "/resolve/" in str(r["path"])]
+    assert resolves, "the expired signed URL was never resolved again"
+    served = [r for r in cdn_gets(emu)]
+    assert len(served) >= WINDOWS + 1
+
+
+def test_followers_stream_while_windows_arrive(emu: EmulatorHandle, tmp_path: Path) -> None:
+    emu.set_faults(throttle_bps=4 * MIB)  # per connection: 3 windows at a time, ~1.7 s in all
+    with MirrorProcess(emu.url, tmp_path / "cache", *PARALLEL) as mirror:
+
+        async def both() -> list[tuple[int, str, float, float]]:
+            return await asyncio.gather(download(mirror.url + BIG_URL), download(mirror.url + BIG_URL))
+
+        results = asyncio.run(both())
+    for status, sha, first, total in results:
+        assert status == 200 and sha == big_sha(emu)
+        assert first < total / 3  # bytes flowed long before the end
+    assert len(cdn_gets(emu)) == WINDOWS  # one fill for both
+
+
+def test_a_corrupt_window_fails_verification_and_nothing_is_committed(emu: EmulatorHandle, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    emu.set_faults(corrupt_next=1)
+    with MirrorProcess(emu.url, cache, *PARALLEL) as mirror:
+        with pytest.raises(httpx.HTTPError):
+            asyncio.run(download(mirror.url + BIG_URL))
+        time.sleep(0.5)
+        assert not blob(cache, big_sha(emu)).exists()
+        assert not list((cache / "partials").glob("*.part")) and not list((cache / "partials").glob("*.prefix"))
+        # The next request fills it again, correctly.
+        status, sha, _, _ = asyncio.run(download(mirror.url + BIG_URL))
+        assert status == 200 and sha == big_sha(emu)
+
+
+def test_a_restart_resumes_from_the_contiguous_prefix(emu: EmulatorHandle, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    emu.set_faults(throttle_bps=2 * MIB)
+    mirror = MirrorProcess(emu.url, cache, *PARALLEL).start()
+    try:
+        partial = cache / "partials" / f"{big_sha(emu)}.part"
+        with httpx.Client(timeout=30) as client, client.stream("GET", mirror.url + BIG_URL) as response:
+            for _ in response.iter_raw():
+                if partial.exists() and partial.stat().st_size > 2 * WINDOW:
+                    break
+        mirror.kill9()
+        assert partial.with_name(partial.name + ".prefix").exists()
+        emu.clear_faults()
+        mirror.start()
+        status, sha, _, _ = asyncio.run(download(mirror.url + BIG_URL))
+        assert status == 200 and sha == big_sha(emu)
+        wait_for(lambda: blob(cache, big_sha(emu)).exists())
+        assert not partial.with_name(partial.name + ".prefix").exists()
+    finally:
+        mirror.stop()
+
+
+def test_a_snapshot_heads_from_the_tree_listing(emu: EmulatorHandle, tmp_path: Path) -> None:
+    """snapshot_download lists the tree of the commit, then HEADs every file: the listing answers the HEADs."""
+    files = {f"shard/{i:03d}.{'bin' if i % 6 == 0 else 'txt'}": f"file {i}\n".encode() for i in range(30)}
+    sha = emu.push("model", "acme/tiny-model", "main", files)  # the .bin files are LFS
+    emu.reset_stats()
+    with MirrorProcess(emu.url, tmp_path / "cache") as mirror:
+        out = run_client(
+            "import json, pathlib; from huggingface_hub import snapshot_download\n"
+            "p = snapshot_download('acme/tiny-model')\n"
+            "print(json.dumps(sorted(str(f.relative_to(p)) for f in pathlib.Path(p).rglob('*') if f.is_file())))",
+            mirror.url, tmp_path / "client")
+    assert set(files) <= set(out)  # type: ignore[arg-type]
+    heads = [r["path"] for r in emu.requests() if r["method"] == "HEAD" and "/resolve/" in str(r["path"])
+             and not str(r["path"]).startswith("/api/")]
+    assert len(heads) <= 1, heads  # one access probe (shared by the client's concurrent HEADs); the listing: the rest
+    assert sha
+
+
+def test_upstream_rate_bounds_every_fill(emu: EmulatorHandle, tmp_path: Path) -> None:
+    with MirrorProcess(emu.url, tmp_path / "cache", *PARALLEL, "--upstream-rate", "16MiB") as mirror:
+        status, sha, _, total = asyncio.run(download(mirror.url + BIG_URL))
+    assert status == 200 and sha == big_sha(emu)
+    assert total >= SIZE / (16 * MIB) * 0.8  # ~1.25 s at 16 MiB/s, whatever the windows

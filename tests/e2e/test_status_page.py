@@ -1,0 +1,245 @@
+"""The status page for operators (issue 19, item 6) in a real headless Chromium, driven over the DevTools protocol:
+paginated and searchable repos (also as JSON), pinned and sync state, traffic charts, and the pin / unpin / evict /
+warm buttons clicked in the page, checked in the DOM after a reload and on disk. Also what the actions refuse:
+other sites' pages, forms, GETs, and callers without a mirror token in auth mode."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from tests.support.hub_emulator.fixtures import GOOD_TOKEN
+from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
+from tests.support.mirror_proc import MirrorProcess
+
+MODEL_FILES = ("config.json", "model.safetensors", "sub/nested.txt")
+MIRROR_TOKEN = "mt_status_operator"
+
+
+def chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert path, "Debian's chromium is needed for the browser tests (.ci/run installs it)"
+    return path
+
+
+class Browser:
+    """Headless Chromium over the DevTools protocol (what Playwright does, in 60 lines): navigate, evaluate a
+    script and await its promise, take a screenshot."""
+
+    def __init__(self, profile: Path) -> None:
+        profile.mkdir(parents=True, exist_ok=True)
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--remote-debugging-port=0", "--window-size=1200,1000", f"--user-data-dir={profile}"]
+        self.proc = subprocess.Popen([chromium(), *flags, "about:blank"], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 30
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert time.monotonic() < deadline and self.proc.poll() is None, "chromium did not start"
+            time.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        pages = [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list").json() if t["type"] == "page"]
+        self.ws = connect(pages[0]["webSocketDebuggerUrl"], max_size=None, open_timeout=20).__enter__()
+        self._id = 0
+        self.events: list[dict[str, Any]] = []
+        self.call("Page.enable")
+        self.call("Runtime.enable")
+
+    def call(self, method: str, timeout: float = 60, **params: Any) -> dict[str, Any]:
+        self._id += 1
+        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
+        deadline = time.monotonic() + timeout
+        while True:
+            message = json.loads(self.ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+            if message.get("id") == self._id:
+                assert "error" not in message, message
+                return message["result"]
+            self.events.append(message)
+
+    def goto(self, url: str) -> None:
+        self.events.clear()
+        self.call("Page.navigate", url=url)
+        deadline = time.monotonic() + 30
+        while not any(e.get("method") == "Page.loadEventFired" for e in self.events):
+            assert time.monotonic() < deadline, f"{url} did not load"
+            self.events.append(json.loads(self.ws.recv(timeout=30)))
+
+    def eval(self, expression: str) -> Any:
+        result = self.call("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True)
+        assert "exceptionDetails" not in result, result
+        return result["result"].get("value")
+
+    def dom(self) -> str:
+        return self.eval("document.documentElement.outerHTML")
+
+    def screenshot(self, path: Path) -> None:
+        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
+
+    def close(self) -> None:
+        self.ws.close()
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorHandle]:
+    with run_emulator(tmp_path_factory.mktemp("emu")) as handle:
+        yield handle
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Browser]:
+    b = Browser(tmp_path / "chrome-profile")
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def _click(browser: Browser, action: str, repo: str, kind: str = "model") -> dict[str, Any]:
+    """Click a row's button the way a person would, and wait for the page's request to answer."""
+    selector = f'button[data-action="{action}"][data-type="{kind}"][data-repo="{repo}"]'
+    return browser.eval(f"mirrorAction(document.querySelector('{selector}'))")
+
+
+def _blobs(cache: Path) -> int:
+    return sum(1 for p in (cache / "blobs").rglob("*") if p.is_file())
+
+
+def test_status_page_lists_searches_pages_and_its_buttons_pin_unpin_evict_warm(emu, tmp_path, browser):
+    cache = tmp_path / "cache"
+    with MirrorProcess(emu.url, cache, "--max-size", "10G", env={"HF_MIRROR_STATUS_SAMPLE": "1"}) as mirror:
+        for path in MODEL_FILES:
+            assert httpx.get(f"{mirror.url}/acme/tiny-model/resolve/main/{path}").status_code == 200
+        assert httpx.get(f"{mirror.url}/acme/tiny-model/resolve/main/config.json").status_code == 200  # a hit
+        for path in ("train.jsonl", "test.jsonl"):
+            assert httpx.get(f"{mirror.url}/datasets/acme/tiny-jsonl/resolve/main/{path}").status_code == 200
+        time.sleep(2.5)  # a few samples of traffic, and a fresh usage snapshot
+
+        # The JSON: paginated and searched on the server.
+        everything = httpx.get(mirror.url + "/api/mirror/status").json()
+        assert everything["repos_total"] == 2 and everything["pages"] == 1
+        assert {(r["type"], r["id"]) for r in everything["repos"]} == {("model", "acme/tiny-model"),
+                                                                        ("dataset", "acme/tiny-jsonl")}
+        model = next(r for r in everything["repos"] if r["id"] == "acme/tiny-model")
+        assert model["files"] == 3 and model["bytes"] > 75_000 and model["pinned"] is False and model["last_access"]
+        second = httpx.get(mirror.url + "/api/mirror/status", params={"per_page": 1, "page": 2}).json()
+        assert second["page"] == 2 and second["pages"] == 2 and len(second["repos"]) == 1
+        assert second["repos"][0]["id"] == "acme/tiny-model"  # sorted by type, then name: dataset first
+        found = httpx.get(mirror.url + "/api/mirror/status", params={"q": "JSONL"}).json()
+        assert [r["id"] for r in found["repos"]] == ["acme/tiny-jsonl"] and found["repos_total"] == 1
+        points = everything["history"]["points"]
+        assert sum(p["hits"] for p in points) >= 1 and sum(p["bytes_served"] for p in points) > 75_000
+
+        # The page in the browser: totals, charts, the table, search and pagination links.
+        browser.goto(mirror.url + "/?per_page=1")
+        browser.screenshot(tmp_path / "status.png")
+        dom = browser.dom()
+        assert 'id="chart-hit-ratio"' in dom and 'id="chart-bytes"' in dom
+        assert browser.eval("document.querySelectorAll('#chart-bytes .series polyline, #chart-bytes .series circle')"
+                            ".length") >= 2
+        assert browser.eval("document.getElementById('repo-count').textContent") == "1–1 of 2"
+        assert browser.eval("!!document.getElementById('next-page')")
+        browser.eval("document.getElementById('next-page').click()")
+        time.sleep(1)
+        assert "acme/tiny-model" in browser.eval("document.querySelector('#repos').textContent")
+        browser.goto(mirror.url + "/?q=tiny-model")
+        rows = browser.eval("[...document.querySelectorAll('#repos tr[data-repo]')].map(r => r.dataset.repo)")
+        assert rows == ["model:acme/tiny-model"]
+        assert (tmp_path / "status.png").stat().st_size > 5000
+
+        # Pin, in the page: the row says so after a reload; eviction refuses a pinned repo.
+        assert _click(browser, "pin", "acme/tiny-model")["ok"]
+        browser.goto(mirror.url + "/?q=tiny-model")
+        state = browser.eval("document.querySelector('tr[data-repo=\"model:acme/tiny-model\"] .pin-state')"
+                             ".textContent")
+        assert state == "pinned (operator)"
+        assert browser.eval("!!document.querySelector('button[data-action=\"unpin\"]')")
+        assert not browser.eval("!!document.querySelector('button[data-action=\"evict\"]')")
+        refused = httpx.post(mirror.url + "/api/mirror/repos/model/acme/tiny-model/evict", json={})
+        assert refused.status_code == 409 and refused.headers["x-error-code"] == "RepoPinned"
+        assert httpx.get(mirror.url + "/api/mirror/status?q=tiny-model").json()["repos"][0]["pinned"] is True
+
+        # Unpin, then evict, in the page: the blobs leave the disk, the row leaves the list.
+        assert _click(browser, "unpin", "acme/tiny-model")["ok"]
+        browser.goto(mirror.url + "/?q=tiny-model")
+        blobs_before = _blobs(cache)
+        evicted = _click(browser, "evict", "acme/tiny-model")
+        assert evicted["ok"] and evicted["data"]["blobs"] == 3 and evicted["data"]["freed_bytes"] > 75_000
+        assert _blobs(cache) == blobs_before - 3
+        browser.goto(mirror.url + "/")
+        rows = browser.eval("[...document.querySelectorAll('#repos tr[data-repo]')].map(r => r.dataset.repo)")
+        assert rows == ["dataset:acme/tiny-jsonl"]
+
+        # Warm, in the page (the warm API): the result line follows the job until it is done.
+        browser.eval("document.getElementById('warm-repo').value = 'acme/tiny-model'")
+        warm = browser.eval("mirrorAction(document.getElementById('warm-button'))")
+        assert warm["ok"] and warm["status"] == 202
+        deadline = time.monotonic() + 60
+        while ": done " not in (text := browser.eval("document.getElementById('action-result').textContent")):
+            assert time.monotonic() < deadline and "failed" not in text, text
+            time.sleep(0.5)
+        assert httpx.get(mirror.url + "/api/mirror/ready", params={"repo": "acme/tiny-model"}).status_code == 200
+        deadline = time.monotonic() + 20  # the page shows the last usage snapshot while a fresh one is taken
+        while not httpx.get(mirror.url + "/api/mirror/status?q=tiny-model").json()["repos"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        browser.goto(mirror.url + "/?q=tiny-model")
+        assert "warm done" in browser.eval("document.querySelector('#repos').textContent")
+        hit = httpx.get(f"{mirror.url}/acme/tiny-model/resolve/main/config.json")
+        assert hit.headers["x-mirror-cache"].lower() == "hit"
+
+
+def test_actions_refuse_other_sites_forms_and_other_methods(emu, tmp_path):
+    with MirrorProcess(emu.url, tmp_path / "cache") as mirror:
+        url = mirror.url + "/api/mirror/repos/model/acme/tiny-model/pin"
+        assert httpx.get(f"{mirror.url}/acme/tiny-model/resolve/main/config.json").status_code == 200
+        form = httpx.post(url, data={"x": "1"})  # what a plain cross-site form can send
+        assert form.status_code == 415
+        other = httpx.post(url, json={}, headers={"origin": "http://evil.example"})
+        assert other.status_code == 403 and other.headers["x-error-code"] == "CrossSiteRequest"
+        fetched = httpx.post(url, json={}, headers={"sec-fetch-site": "cross-site"})
+        assert fetched.status_code == 403
+        preflight = httpx.options(url, headers={"origin": "http://evil.example",
+                                                "access-control-request-method": "POST",
+                                                "access-control-request-headers": "content-type"})
+        assert preflight.status_code == 204 and "access-control-allow-headers" not in preflight.headers
+        assert httpx.get(url).status_code == 405
+        assert httpx.post(mirror.url + "/api/mirror/repos/model/acme/tiny-model/destroy", json={}).status_code == 404
+        private = httpx.post(mirror.url + "/api/mirror/repos/model/acme/private-model/evict", json={})
+        assert private.status_code == 404  # without auth: only the repos the page lists (the public ones)
+        same = httpx.post(url, json={}, headers={"origin": mirror.url})
+        assert same.status_code == 200 and same.json()["pinned"] is True
+        assert httpx.get(mirror.url + "/api/mirror/status").json()["repos"][0]["pinned"] is True
+
+
+def test_in_auth_mode_the_page_and_the_actions_need_a_mirror_token_that_allows_the_repo(emu, tmp_path):
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(f'[[token]]\nname = "ops"\ntoken = "{MIRROR_TOKEN}"\nrepos = ["model:acme/tiny-*"]\n')
+    auth = {"authorization": f"Bearer {MIRROR_TOKEN}"}
+    with MirrorProcess(emu.url, tmp_path / "cache", "--auth-tokens-file", str(tokens),
+                       "--upstream-token", GOOD_TOKEN) as mirror:
+        assert httpx.get(f"{mirror.url}/acme/tiny-model/resolve/main/config.json", headers=auth).status_code == 200
+        for path in ("/", "/api/mirror/status", "/metrics"):
+            assert httpx.get(mirror.url + path).status_code == 401, path
+            assert httpx.get(mirror.url + path, headers={"authorization": "Bearer mt_wrong"}).status_code == 401
+        assert httpx.get(mirror.url + "/healthz").status_code == 200
+        url = mirror.url + "/api/mirror/repos/model/acme/tiny-model/pin"
+        assert httpx.post(url, json={}).status_code == 401
+        assert httpx.post(url, json={}, headers={"authorization": "Bearer mt_wrong"}).status_code == 401
+        other = httpx.post(mirror.url + "/api/mirror/repos/model/acme/other/pin", json={}, headers=auth)
+        assert other.status_code == 403  # the token's patterns decide
+        assert httpx.post(url, json={}, headers=auth).status_code == 200
+        page = httpx.get(mirror.url + "/", headers=auth).text
+        assert "id='token'" in page and "pinned (operator)" in page

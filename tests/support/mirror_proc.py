@@ -1,0 +1,122 @@
+"""Test helpers: run the mirror as a real subprocess, and run real HF clients in subprocesses.
+
+The clients read HF_ENDPOINT at import time, so every client run is a fresh ``python -c`` with its own env.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MirrorProcess:
+    """``python -m mirror serve`` on a free port; stopped by PID."""
+
+    def __init__(self, upstream: str, cache_dir: Path, *extra: str, port: int | None = None,
+                 env: dict[str, str] | None = None, python: str = sys.executable) -> None:
+        self.upstream = upstream
+        self.cache_dir = cache_dir
+        self.extra = list(extra)
+        self.port = port or free_port()
+        self.env = env or {}
+        self.python = python
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = cache_dir.parent / f"mirror-{self.port}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> MirrorProcess:
+        env = {**os.environ, **self.env}
+        env.pop("HF_TOKEN", None)
+        cmd = [self.python, "-m", "mirror", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+               "--upstream", self.upstream, "--cache-dir", str(self.cache_dir), *self.extra]
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mirror exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"mirror did not become healthy:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc is not None:
+            self._log.close()
+        self.proc = None
+
+    def kill9(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def __enter__(self) -> MirrorProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def client_env(endpoint: str, hf_home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE"))}
+    env.update(
+        HF_ENDPOINT=endpoint, HF_HOME=str(hf_home), HF_HUB_CACHE=str(hf_home / "hub"),
+        HF_DATASETS_CACHE=str(hf_home / "datasets"), HF_HUB_DISABLE_TELEMETRY="1", HF_UPDATE_DOWNLOAD_COUNTS="0",
+        HF_HUB_DISABLE_XET="1", TOKENIZERS_PARALLELISM="false", HF_HUB_ETAG_TIMEOUT="10",
+    )
+    env.update(extra)
+    return env
+
+
+def run_client(code: str, endpoint: str, hf_home: Path, *, python: str = sys.executable, timeout: float = 120,
+               **extra_env: str) -> object:
+    """Run client code in a fresh interpreter; the code prints one JSON document as its last stdout line."""
+    hf_home.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([python, "-c", code], env=client_env(endpoint, hf_home, **extra_env), capture_output=True,
+                          text=True, timeout=timeout, cwd=hf_home)
+    if proc.returncode != 0:
+        raise AssertionError(f"client failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def metric(mirror: MirrorProcess, name: str, **labels: str) -> float:
+    """The sum of a metric's samples on the mirror's /metrics (``name`` as written there, e.g.
+    ``hf_mirror_bytes_fetched_total``), read with prometheus_client's own parser; 0 when absent."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(mirror.url + "/metrics", timeout=5).text
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))

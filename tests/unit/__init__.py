@@ -1,0 +1,1 @@
+"""Pure functions and modules in-process: no process started, milliseconds each."""
