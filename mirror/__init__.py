@@ -1,7 +1,7 @@
 """hf-mirror: a self-hosted pull-through mirror of the Hugging Face Hub.
 
 The house, in layers; a module imports only from its own layer or the ones above it in this list
-(tests/test_layers.py reads the import graph and holds every module to it):
+(tests/unit/test_layers.py reads the import graph and holds every module to it):
 
     values and the wire contract  config, errors, hf, integrity, metrics, logs, asgi   (no I/O of their own)
     adapters                      index (the one key schema), storage/ (local, s3/), upstream/ (the Hub client)

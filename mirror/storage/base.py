@@ -7,7 +7,7 @@ the fill runs) and publishes with ``commit``, which must be atomic: a reader see
 A lease makes one fill per blob across processes (and, for shared backends, across nodes). A lease has an owner id
 and an expiry; the owner refreshes it while it works, and anyone may take over an expired lease.
 
-Every backend passes the contract suite in ``tests/test_storage_contract.py``.
+Every backend passes the contract suite in ``tests/contract/test_storage_contract.py``.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ class Manifest:
 
     @property
     def selections(self) -> tuple[SelectSpec, ...]:
-        """The [[select]] rules (another name for ``selects``, as tests/test_deploy.py reads it)."""
+        """The [[select]] rules (another name for ``selects``, as tests/e2e/test_deploy.py reads it)."""
         return self.selects
 
     @property
