@@ -41,6 +41,8 @@ log = logging.getLogger("hf_mirror.service")
 
 # A Range starting this far past the bytes a fill has written is relayed from upstream instead of waiting for them.
 RANGE_RELAY_GAP = 16 * 1024 * 1024
+# How long an access probe's answer stays shared after it ends (see _check_content_access).
+_PROBE_LINGER = 1.0
 
 _HIT, _MISS, _STALE, _PASSTHROUGH = Outcome.HIT, Outcome.MISS, Outcome.STALE, Outcome.PASSTHROUGH
 
@@ -202,8 +204,10 @@ class MirrorService:
             if task is None:
                 self._probes[key] = task = asyncio.ensure_future(
                     self.upstream.head_file(repo, revision, path, token, caller.check))
-                task.add_done_callback(lambda done: self._probes.pop(key, None) if self._probes.get(key) is done
-                                       else None)
+                # Kept a moment after it ends: a HEAD that arrives between the answer and the access memo's update
+                # still shares it instead of asking upstream again.
+                task.add_done_callback(lambda done: asyncio.get_running_loop().call_later(
+                    _PROBE_LINGER, lambda: self._probes.pop(key, None) if self._probes.get(key) is done else None))
             await asyncio.shield(task)
 
         await self.access.check(repo, "content", caller, probe)
