@@ -266,7 +266,8 @@ class MirrorService:
         if start > fill.written + RANGE_RELAY_GAP and not self.settings.offline:
             # A Range far beyond what the fill has: relay it from upstream while the fill goes on.
             return Relay(resolved, caller.token, start, end, _STALE if stale else _MISS)
-        return Filling(fill, _STALE if stale else _MISS)
+        # A fill already verified (its commit's fsync still running) needs nothing more from upstream: a hit.
+        return Filling(fill, _STALE if stale else _HIT if fill.verified else _MISS)
 
     async def _intact(self, path: str, entry: FileEntry) -> bool:
         """The cheap check on every hit: a stored blob of the wrong size is never served; it is removed and
