@@ -186,6 +186,16 @@ class MetadataIndex:
     def put_xet(self, repo: RepoRef, parts: tuple[str, ...], value: Any) -> None:
         self._cache.set(_key("xet", repo.type.value, repo.repo_id, *parts), value)
 
+    # The last usage snapshot of the cache (mirror/cache/usage.py): a restart answers from it at once.
+    def get_usage(self) -> Any:
+        try:
+            return self._cache.get(_key("usage"))
+        except Exception:  # noqa: BLE001 - written by another version of the mirror: a new scan replaces it
+            return None
+
+    def put_usage(self, value: Any) -> None:
+        self._cache.set(_key("usage"), value)
+
     def volume(self) -> int:
         """Bytes the index holds on disk (SQLite file and value files)."""
         return int(self._cache.volume())

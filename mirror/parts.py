@@ -50,6 +50,7 @@ class Parts:
         """What a server does at startup: open the store, drop stale partial files, run the quota's gc loop."""
         await self.open()
         await self.cache.sweep_partials()
+        self.cache.prime()  # the first usage count, in a thread, so that the status page and /metrics find it
         if self.settings.scrub_rate > 0:
             self._tasks.append(asyncio.create_task(self.scrubber.run(self.settings.scrub_rate)))
         if self.settings.gc_interval > 0:
@@ -92,6 +93,7 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     service = MirrorService(settings, index, store, upstream, fills, access, metrics, make_room=cache.make_room,
                             on_hit=scrubber.suspect if settings.scrub_rate else None)
     fills.on_commit.append(lambda spec: scrubber.verified(spec.etag))  # a fill verified it: no first-hit re-hash
+    fills.on_commit.append(lambda spec: cache.changed())  # the status page and /metrics count the new blob
     return Parts(settings, metrics, store, index, upstream, fills, access, cache, service, scrubber)
 
 

@@ -49,6 +49,9 @@ class CacheManager(UsageReports, Maintenance):
         self._used: int | None = None
         self._snapshot: UsageSnapshot | None = None
         self._snapshot_task: asyncio.Task[UsageSnapshot] | None = None
+        self._scan_seconds: float | None = None  # how long this process's last usage count took
+        self._stored_scan = 0.0  # how long the count of the snapshot kept by the last run took
+        self._generation, self._snapshot_generation = 0, -1
 
     async def blobs(self) -> list[BlobInfo]:
         return [info async for info in self.store.list_blobs()]
@@ -87,6 +90,8 @@ class CacheManager(UsageReports, Maintenance):
                     freed += blob.size
                     evicted += 1
                     self.metrics.evictions.inc()
+            if evicted:
+                self.changed()
             if total > limit:
                 log.warning("cache is %d bytes, over the %d quota: the rest is pinned or in use", total, limit)
             self.metrics.cache_bytes.set(total)

@@ -1,5 +1,6 @@
 """What the cache holds, per repo, for the status page, ``/metrics`` and ``cache ls``: a usage snapshot taken off
-the event loop (one SQL pass over the index, a thread per blob shard), served stale while the next one is taken."""
+the event loop (one SQL pass over the index, a thread per blob shard), served stale while the next one is taken, and
+kept in the index so that a restart answers from the last one at once."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ if TYPE_CHECKING:
 
 # Status pages and /metrics answer from a usage snapshot at most this old (or ten times the last scan's duration).
 _SNAPSHOT_MAX_AGE = 2.0
+# A scan at most this long is waited for when the blobs changed since the last one (a small cache: exact answers).
+_QUICK_SCAN = 0.25
+# The longest a request waits for the first scan of a cache (then it gets an empty answer: still counting).
+_FIRST_SCAN_WAIT = 2.0
 
 
 @dataclass(frozen=True)
@@ -46,36 +51,77 @@ class UsageReports:
     _used: int | None
     _snapshot: UsageSnapshot | None
     _snapshot_task: asyncio.Task[UsageSnapshot] | None
+    _generation: int  # bumped by every change of the blobs this process makes (see changed)
+    _snapshot_generation: int
+    _scan_seconds: float | None
+    _stored_scan: float
 
     async def usage(self, blob_list: list[BlobInfo] | None = None) -> list[RepoUsage]:
         blobs = {b.etag: b for b in (blob_list if blob_list is not None else await self.blobs())}
         return await asyncio.to_thread(self._scan_usage, blobs)
 
     async def current_snapshot(self) -> UsageSnapshot:
-        """The usage snapshot for a request path: the last one at once (stale while a refresh runs in a thread);
-        only the very first call waits for a scan. Refreshes are spaced by at least ten times the last scan's own
-        duration, so a large cache is never scanned back to back (a 5-s scan runs at most every 50 s)."""
-        current = self._snapshot
-        age_limit = max(_SNAPSHOT_MAX_AGE, 10 * getattr(self, "_scan_seconds", 0.0))
-        if current is not None and time.time() - current.taken_at < age_limit:
-            return current
+        """The usage snapshot for a request path, never a scan on the event loop.
+
+        A small cache (its scan takes under ``_QUICK_SCAN``) is counted again when it is older than
+        ``_SNAPSHOT_MAX_AGE`` or its blobs changed: exact answers. A large one answers from the last snapshot at once
+        while a refresh runs in a thread, refreshes spaced by ten times the last scan's own duration (a 5-s scan runs
+        at most every 50 s). Before this process's first count ends (a server starts it at startup: :meth:`prime`),
+        a request gets the snapshot the last run kept in the index when that count was long, else waits at most
+        ``_FIRST_SCAN_WAIT`` seconds for this one, then gets an empty snapshot with ``taken_at`` 0 (still counting)."""
+        if self._scan_seconds is None:
+            self.prime()
+            assert self._snapshot_task is not None
+            if self._snapshot is None:
+                self._snapshot, self._stored_scan = await asyncio.to_thread(self._stored_snapshot)
+            if self._snapshot is not None and self._stored_scan > _QUICK_SCAN:
+                return self._snapshot  # a large cache: the last run's count, while this run's is taken
+            try:
+                await asyncio.wait_for(asyncio.shield(self._snapshot_task), _FIRST_SCAN_WAIT)
+            except TimeoutError:
+                return self._snapshot or UsageSnapshot(0.0, self._used or 0, 0, ())
+        for _ in range(2):  # a count that started before the last change is followed by one more
+            current, scan = self._snapshot, self._scan_seconds
+            assert current is not None
+            quick, changed = scan <= _QUICK_SCAN, self._generation != self._snapshot_generation
+            if time.time() - current.taken_at < max(_SNAPSHOT_MAX_AGE, 10 * scan) and not (quick and changed):
+                return current
+            self.prime()
+            assert self._snapshot_task is not None
+            if not quick:
+                return current
+            await asyncio.shield(self._snapshot_task)
+        assert self._snapshot is not None
+        return self._snapshot
+
+    def prime(self) -> None:
+        """Start a usage scan in the background unless one runs (a server does it at startup)."""
         if self._snapshot_task is None or self._snapshot_task.done():
             self._snapshot_task = asyncio.create_task(self._take_fast_snapshot())
-        if current is not None:
-            return current
-        return await asyncio.shield(self._snapshot_task)
+
+    def changed(self) -> None:
+        """The blobs changed (a commit, an eviction): the next answer of a small cache counts them again."""
+        self._generation += 1
+
+    def _stored_snapshot(self) -> tuple[UsageSnapshot | None, float]:
+        """The snapshot the last run kept in the index, and how long its count took."""
+        stored = self.index.get_usage()
+        if isinstance(stored, tuple) and len(stored) == 2 and isinstance(stored[0], UsageSnapshot):
+            return stored[0], float(stored[1])
+        return None, 0.0  # none, or another version's
 
     async def _take_fast_snapshot(self) -> UsageSnapshot:
-        started = time.monotonic()
+        started, generation = time.monotonic(), self._generation
         blobs = {b.etag: b for b in await self.blobs()}  # a thread per shard (the store's list_blobs)
         repos = await asyncio.to_thread(self._scan_usage, blobs)
         total = sum(b.size for b in blobs.values())
         self.metrics.cache_bytes.set(total)
         self.metrics.cache_blobs.set(len(blobs))
         self._used = total
-        self._snapshot = UsageSnapshot(time.time(), total, len(blobs), tuple(repos))
-        self._scan_seconds = time.monotonic() - started
-        return self._snapshot
+        snapshot = self._snapshot = UsageSnapshot(time.time(), total, len(blobs), tuple(repos))
+        self._scan_seconds, self._snapshot_generation = time.monotonic() - started, generation
+        await asyncio.to_thread(self.index.put_usage, (snapshot, self._scan_seconds))
+        return snapshot
 
     def _scan_usage(self, blobs: dict[str, BlobInfo]) -> list[RepoUsage]:
         """Per-repo usage in one SQL pass over the file entries (``index.iter_files``); blobs counted once each."""

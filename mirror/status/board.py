@@ -114,7 +114,8 @@ class StatusBoard:
             "auth_required": self.settings.auth_required,
             "cache_bytes": snap.total_bytes,
             "cache_blobs": snap.total_blobs,
-            "snapshot_age": round(max(0.0, time.time() - snap.taken_at), 1),
+            # None: the first count of a large cache is still running (the repos and totals come when it ends).
+            "snapshot_age": round(max(0.0, time.time() - snap.taken_at), 1) if snap.taken_at else None,
             "index_bytes": self.cache.index.volume(),
             "max_size": self.settings.max_size,
             "hits": int(counts.get("hit", 0)), "misses": int(counts.get("miss", 0)),

@@ -195,7 +195,8 @@ def render_status_page(data: dict[str, Any]) -> str:
 <li>Upstream: <b>{esc(upstream.get('url', ''))}</b> — <span id="upstream-health">{health}</span>
 {('(offline mode)' if data.get('offline') else '')}</li>
 <li>Disk: <span id="disk-usage">{usage}</span>, <span id="blob-count">{data.get('cache_blobs', 0)}</span> blobs
- (as of {data.get('snapshot_age', 0):g} s ago)</li>
+ ({'still counting: a large cache takes a while after a start' if data.get('snapshot_age') is None
+   else f"as of {data['snapshot_age']:g} s ago"})</li>
 <li>Hit ratio: <span id="hit-ratio">{data.get('hit_ratio', 0):.1%}</span>
  ({data.get('hits', 0)} hits, {data.get('misses', 0)} misses, {data.get('stale', 0)} stale)</li>
 </ul>
