@@ -38,7 +38,8 @@ from mirror.errors import EntryNotFound, HubError, MethodNotAllowed, MirrorError
 from mirror.fill import FillManager
 from mirror.metrics import Metrics, Outcome
 from mirror.routes.common import bearer_token, header, mirror_base, parse_range, send_error
-from mirror.service import ApiResult, Cached, FileEntry, Filling, MirrorService, Relay, ResolvedFile
+from mirror.service import MirrorService
+from mirror.service.answers import ApiResult, Cached, FileEntry, Filling, Relay, ResolvedFile
 from mirror.xet import CAS_PREFIX, XetCatalog, XetSigner, xorb
 
 log = logging.getLogger("hf_mirror.xet")
