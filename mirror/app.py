@@ -34,7 +34,8 @@ from mirror.routes.peer import PeerFillHandler
 from mirror.routes.resolve import ResolveHandler
 from mirror.routes.viewer import ViewerHandler, is_viewer_host, viewer_target
 from mirror.routes.warm import WarmHandler
-from mirror.routes.xet import XetHandler
+from mirror.routes.xet.cas import XetCas
+from mirror.routes.xet.token import XetTokenRoute
 from mirror.status import StatusBoard, StatusHistory
 from mirror.sync.warm import WarmJobs
 from mirror.upstream.viewer import ViewerUpstream
@@ -74,14 +75,16 @@ class Mirror:
                                                   metrics, offline_info=OfflineInfo(self.index, self.store)),
                                     metrics)
         # Xet through the mirror (issue 17, mirror.routes.xet): off, every Xet hint is stripped as before.
-        self.xet: XetHandler | None = None
+        self.xet_token: XetTokenRoute | None = None
+        self.xet_cas: XetCas | None = None
         if settings.serve_xet:
             catalog = XetCatalog(self.index)
             self.service.xet = catalog
-            self.xet = XetHandler(settings, self.service, self.fills, catalog,
-                                  XetSigner(load_secret(settings.cache_dir)), metrics)
-            self.resolve.xet_headers = self.xet.resolve_headers
-            self.api.annotate = self.xet.annotate
+            signer = XetSigner(load_secret(settings.cache_dir))
+            self.xet_token = XetTokenRoute(settings, self.service, catalog, signer, metrics)
+            self.xet_cas = XetCas(settings, self.service, self.fills, catalog, signer, metrics)
+            self.resolve.xet_headers = self.xet_token.resolve_headers
+            self.api.annotate = self.xet_token.annotate
 
         # The status page (mirror.status) and the operator's actions on one repo (mirror.routes.ops), issue 19.
         visible = None if settings.auth_required else self._public  # open to anyone: the repos anyone may read
@@ -197,12 +200,12 @@ class MirrorApp:
                 return await self.mirror.viewer.viewer(scope, send, endpoint, dataset, query,
                                                        self.caller(scope, dataset))
             if raw_path == CAS_PREFIX or raw_path.startswith(CAS_PREFIX + "/"):  # the mirror's Xet CAS
-                if self.mirror.xet is None:
+                if self.mirror.xet_cas is None:
                     raise RouteNotFound("Xet is not served by this mirror; clients download over HTTP")
                 if method == "OPTIONS":
                     await send_preflight(send, ("GET", "HEAD"))
                     return "options"
-                return await self.mirror.xet.cas(scope, receive, send, raw_path[len(CAS_PREFIX):])
+                return await self.mirror.xet_cas.cas(scope, receive, send, raw_path[len(CAS_PREFIX):])
             if raw_path.startswith(PEER_ROUTE):  # another node of the fleet; its lease token stands for auth
                 return await self.mirror.peer(scope, receive, send, raw_path[len(PEER_ROUTE):])
             if raw_path.startswith(ops.ACTIONS_PREFIX):  # pin/unpin/evict one repo (mirror.routes.ops.RepoActions)
@@ -220,8 +223,8 @@ class MirrorApp:
                 return await self.mirror.resolve(scope, receive, send, route.resolve, caller)
             if route.api is not None:
                 caller = self.caller(scope, route.api.repo)
-                if route.api.sub == "xet-read-token" and self.mirror.xet is not None:
-                    return await self.mirror.xet.token(scope, send, route.api, caller)
+                if route.api.sub == "xet-read-token" and self.mirror.xet_token is not None:
+                    return await self.mirror.xet_token.token(scope, send, route.api, caller)
                 if route.api.sub == "parquet":  # the parquet conversion's listing and files (mirror.viewer)
                     return await self.mirror.viewer.hub_parquet(scope, send, route.api, caller)
                 return await self.mirror.api(scope, receive, send, raw_path, route.api, caller)

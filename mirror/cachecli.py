@@ -22,7 +22,8 @@ from typing import Any
 
 from mirror import hf
 from mirror.cache import repo_from_spec
-from mirror.cache.hubcache import export_repo, import_tree
+from mirror.cache.hubcache.exporter import export_repo
+from mirror.cache.hubcache.importer import import_tree
 from mirror.config import ConfigError, Settings, format_size
 from mirror.errors import BadRequest
 from mirror.index import index_dir

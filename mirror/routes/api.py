@@ -13,7 +13,8 @@ from mirror.asgi import Receive, Scope, Send
 from mirror.errors import BadRequest, MirrorError
 from mirror.metrics import Metrics, Outcome
 from mirror.routes.common import mirror_base, query_pairs, read_body, send_error
-from mirror.service import ApiResult, MirrorService
+from mirror.service import MirrorService
+from mirror.service.answers import ApiResult
 
 log = logging.getLogger("hf_mirror.api")
 

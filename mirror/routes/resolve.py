@@ -23,7 +23,8 @@ from mirror.fill import FillManager
 from mirror.metrics import Metrics, Outcome
 from mirror.routes.common import header, parse_range, send_error
 from mirror.routes.sendfile import send_file_range, send_fill_range, watch_disconnect
-from mirror.service import Cached, FileEntry, Filling, MirrorService, Relay, ResolvedFile
+from mirror.service import MirrorService
+from mirror.service.answers import Cached, FileEntry, Filling, Relay, ResolvedFile
 
 log = logging.getLogger("hf_mirror.resolve")
 

@@ -26,7 +26,7 @@ from mirror.config import Settings
 from mirror.errors import MirrorError
 from mirror.fill import Fill, FillManager, FillSpec
 from mirror.index import ApiEntry, FileEntry, api_query_key, api_route_key
-from mirror.service import ApiResult
+from mirror.service.answers import ApiResult
 from mirror.sync.backend import CacheParts
 from mirror.sync.jobs import RemoteFile, RevisionJob, tree_files
 from mirror.sync.listings import LS_QUERY, PROBED_PATHS, TREE_QUERY, listing_pages, next_query

@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 import httpx
 
 from mirror.errors import UpstreamTimeout
-from mirror.upstream.client import UpstreamClient, _read_capped
+from mirror.upstream.client import UpstreamClient
+from mirror.upstream.connection import read_capped
 from mirror.upstream.values import UpstreamAnswer
 
 
@@ -40,7 +41,7 @@ class ViewerUpstream:
             raise UpstreamTimeout(f"{self.display if base == self.base else self.upstream.display} is unreachable: "
                                   f"{type(exc).__name__}") from exc
         try:
-            return await _read_capped(response, self.upstream.settings.max_api_body, path_qs.split("?")[0])
+            return await read_capped(response, self.upstream.settings.max_api_body, path_qs.split("?")[0])
         finally:
             await response.aclose()
 

@@ -1,124 +1,34 @@
-"""Import and export of huggingface_hub client cache trees (``~/.cache/huggingface/hub``).
-
-The client layout (one folder per repo)::
-
-    {type}s--{ns}--{name}/blobs/<etag>                      the file bytes, named by the Hub etag
-    {type}s--{ns}--{name}/snapshots/<commit>/<path>         relative symlink to ../../blobs/<etag>
-    {type}s--{ns}--{name}/refs/<revision>                   the commit a branch or tag pointed to
-    {type}s--{ns}--{name}/.no_exist/<commit>/<path>         a path known to be absent at the commit
-    {type}s--{ns}--{name}/trees/<commit>.json               snapshot_download's complete listing of the commit
+"""``cache import``: the mirror seeded from a client cache tree (:mod:`mirror.cache.hubcache`).
 
 Import verifies every blob against its etag (sha256 for LFS, git blob sha1 otherwise), hardlinks it into the store
 when it can (copies otherwise), writes the file entries and refs, and synthesises the API JSON the server answers
 for these repos (``/revision/{rev}`` info and the tree listings) under the server's own cache keys. Synthesised
 listings from an incomplete snapshot are stored as *stale*: an online mirror asks upstream again, an offline one (or
 one whose upstream is down) answers from them. Imported refs are stored as unconfirmed for the same reason.
-
-Export writes the same layout from the mirror's cache; huggingface_hub reads it with ``HF_HUB_OFFLINE=1``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
-import re
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from huggingface_hub import scan_cache_dir
-from huggingface_hub.file_download import repo_folder_name as hub_repo_folder_name
 
 from mirror import hf
 from mirror.access import AccessPolicy
+from mirror.cache.hubcache.api_json import synthesize_api
+from mirror.cache.hubcache.layout import REPO_DIR_RE, link_or_copy
 from mirror.errors import MirrorError
-from mirror.index import ApiEntry, FileEntry, MetadataIndex, api_query_key, api_route_key
+from mirror.index import FileEntry, MetadataIndex
 from mirror.integrity import hash_file
 from mirror.storage.base import BlobStore
-from mirror.sync.listings import listing_pages
-
-_REPO_DIR_RE = re.compile(r"^(models|datasets|spaces)--(.+)$")
-_JSON_HEADERS = (("content-type", "application/json"),)
-_TREE_QUERY = [("recursive", "true"), ("expand", "false")]
-_LS_QUERY = [("recursive", "false"), ("expand", "false")]
 
 Log = Callable[[str], None]
-
-
-def repo_folder_name(repo: hf.RepoRef) -> str:
-    """``models--acme--tiny-model``: huggingface_hub's own name for a repo's folder."""
-    return hub_repo_folder_name(repo_id=repo.repo_id, repo_type=repo.type.value)
-
-
-def lfs_pointer(sha256: str, size: int) -> bytes:
-    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
-
-
-def git_blob_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def tree_entry(path: str, etag: str, size: int, blob_id: str | None = None) -> dict[str, Any]:
-    """A Hub tree entry for a file. For LFS files the ``oid`` is the git blob sha1 of the pointer file."""
-    if hf.SHA256_RE.match(etag):
-        pointer = lfs_pointer(etag, size)
-        return {"type": "file", "oid": blob_id or git_blob_sha1(pointer), "size": size, "path": path,
-                "lfs": {"oid": etag, "size": size, "pointerSize": len(pointer)}}
-    return {"type": "file", "oid": blob_id or etag, "size": size, "path": path}
-
-
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(ts))
-
-
-def synthesize_api(index: MetadataIndex, repo: hf.RepoRef, commit: str, files: dict[str, tuple[str, int]],
-                   revisions: list[str], *, complete: bool, modified: float) -> int:
-    """Write info and tree JSON for ``repo`` at ``commit`` (path -> (etag, size)); returns entries written.
-
-    ``complete``: the file list is the commit's whole tree, so the JSON is stored as immutable; otherwise it is
-    stored as already stale, so an online mirror replaces it with upstream's answer. Existing entries are kept.
-    """
-    written = 0
-    fetched_at = time.time() if complete else 0.0
-
-    def put(revision: str | None, route: str, query: list[tuple[str, str]], data: Any, immutable: bool) -> None:
-        nonlocal written
-        key_query = api_query_key(list(query), None)
-        if index.get_api(repo, revision, route, key_query) is not None:
-            return
-        body = json.dumps(data, separators=(",", ":")).encode()
-        index.put_api(repo, revision, route, key_query,
-                      ApiEntry(200, _JSON_HEADERS, body, fetched_at if immutable else 0.0, immutable=immutable))
-        written += 1
-
-    entries = [tree_entry(path, etag, size) for path, (etag, size) in sorted(files.items())]
-    pages = listing_pages(entries)
-    directories = [e for children in pages.values() for e in children if e["type"] == "directory"]
-    recursive = sorted(directories, key=lambda e: e["path"]) + entries
-    info = {
-        "_id": hashlib.sha1(repo.key.encode()).hexdigest()[:24], "id": repo.repo_id, "sha": commit,
-        "private": False, "disabled": False, "gated": False, "downloads": 0, "likes": 0, "tags": [],
-        "lastModified": _iso(modified), "createdAt": _iso(modified),
-        "siblings": [{"rfilename": path} for path in sorted(files)],
-    }
-    # By commit (immutable when the listing is complete), and by every branch/tag that pointed at it (always
-    # stale: a branch moves, so an online mirror asks upstream again).
-    for revision, immutable in [(commit, complete), *((rev, False) for rev in revisions)]:
-        put(revision, api_route_key("tree", ""), _TREE_QUERY, recursive, immutable)
-        for directory, children in pages.items():
-            put(revision, api_route_key("tree", directory), _LS_QUERY, children, immutable)
-        put(revision, api_route_key("revision", ""), [], info, immutable)
-    if "main" in revisions:
-        put(None, api_route_key("info", ""), [], info, False)
-    return written
-
-
-# --- import --------------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -151,9 +61,9 @@ def scan_client_cache(path: Path) -> tuple[list[_ClientRepo], list[str]]:
     could not read (its warnings)."""
     path = Path(path).expanduser()
     only: Path | None = None
-    if _REPO_DIR_RE.match(path.name) and path.is_dir():
+    if REPO_DIR_RE.match(path.name) and path.is_dir():
         only, path = path, path.parent
-    elif not any(_REPO_DIR_RE.match(p.name) for p in path.iterdir() if p.is_dir()) and (path / "hub").is_dir():
+    elif not any(REPO_DIR_RE.match(p.name) for p in path.iterdir() if p.is_dir()) and (path / "hub").is_dir():
         path = path / "hub"
     info = scan_cache_dir(path)
     repos, problems = [], [str(w) for w in info.warnings]
@@ -201,20 +111,6 @@ def _walk_files(root: Path) -> list[tuple[str, Path]]:
     return sorted(out)
 
 
-def _link_or_copy(source: Path, dest: Path, link: bool) -> bool:
-    """Put ``source``'s bytes at ``dest`` (replacing any file there): a hardlink when ``link`` and the disk allows
-    it, a copy otherwise. True when linked."""
-    dest.unlink(missing_ok=True)
-    if link:
-        try:
-            os.link(source, dest)
-            return True
-        except OSError:
-            pass
-    shutil.copyfile(source, dest)
-    return False
-
-
 async def _ingest_blob(store: BlobStore, source: Path, etag: str, *, link: bool, owner: str
                        ) -> tuple[str, int, bool]:
     """Put ``source`` into the store as blob ``etag``: ('added'|'present'|'corrupt'|'busy', size, linked).
@@ -229,7 +125,7 @@ async def _ingest_blob(store: BlobStore, source: Path, etag: str, *, link: bool,
         if await store.stat(etag) is not None:
             return "present", os.stat(source).st_size, False
         tmp = store.partial_path(etag).with_name(f"{etag}.import-{os.getpid()}")
-        linked = await asyncio.to_thread(_link_or_copy, source, tmp, link)
+        linked = await asyncio.to_thread(link_or_copy, source, tmp, link)
         size = os.stat(tmp).st_size
         if not await asyncio.to_thread(hash_file, tmp, etag, size):
             tmp.unlink(missing_ok=True)
@@ -314,77 +210,4 @@ async def import_tree(path: Path, store: BlobStore, index: MetadataIndex, access
         if public:
             for kind in ("meta", "content"):
                 access.record_public(repo, kind, None)
-    return report
-
-
-# --- export --------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ExportReport:
-    folder: Path
-    commit: str
-    files: int = 0
-    bytes: int = 0
-    missing: list[str] = field(default_factory=list)
-
-
-def resolve_commit(index: MetadataIndex, repo: hf.RepoRef, revision: str) -> str | None:
-    if hf.is_commit(revision):
-        return revision
-    entry = index.get_ref(repo, revision)
-    return entry.commit if entry else None
-
-
-async def export_repo(store: BlobStore, index: MetadataIndex, repo: hf.RepoRef, revision: str, dest: Path, *,
-                link: bool = False) -> ExportReport:
-    """Write ``repo`` at ``revision`` as a huggingface_hub cache tree under ``dest``."""
-    commit = resolve_commit(index, repo, revision)
-    if commit is None:
-        raise LookupError(f"{repo.key}: revision {revision!r} is not known to the mirror")
-    entries = [e for e in index.files_at(repo, commit)]
-    if not any(not e.missing for e in entries):
-        raise LookupError(f"{repo.key}@{revision}: no files of commit {commit} are known to the mirror")
-    folder = Path(dest).expanduser() / repo_folder_name(repo)
-    report = ExportReport(folder, commit)
-    blobs_dir = folder / "blobs"
-    snapshot = folder / "snapshots" / commit
-    blobs_dir.mkdir(parents=True, exist_ok=True)
-    snapshot.mkdir(parents=True, exist_ok=True)
-    for entry in sorted(entries, key=lambda e: e.path):
-        hf.validate_path(entry.path)
-        if entry.missing:
-            marker = folder / ".no_exist" / commit / entry.path
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-            continue
-        source = await store.local_path(entry.etag)  # a bucket blob is copied to the hot tier first
-        if source is None or not source.is_file():
-            report.missing.append(entry.path)
-            continue
-        blob = blobs_dir / entry.etag
-        if not (blob.is_file() and blob.stat().st_size == entry.size):
-            tmp = blobs_dir / f".{entry.etag}.tmp-{os.getpid()}"
-            _link_or_copy(source, tmp, link)
-            os.replace(tmp, blob)
-        link_path = snapshot / entry.path
-        link_path.parent.mkdir(parents=True, exist_ok=True)
-        target = "../" * (entry.path.count("/") + 2) + f"blobs/{entry.etag}"
-        if link_path.is_symlink() or link_path.exists():
-            if link_path.is_symlink() and os.readlink(link_path) == target:
-                report.files += 1
-                report.bytes += entry.size
-                continue
-            link_path.unlink()
-        os.symlink(target, link_path)
-        report.files += 1
-        report.bytes += entry.size
-    if not hf.is_commit(revision):
-        ref = folder / "refs" / revision
-        ref.parent.mkdir(parents=True, exist_ok=True)
-        ref.write_text(commit)  # no trailing newline: huggingface_hub reads the file verbatim
-    tag = Path(dest).expanduser() / "CACHEDIR.TAG"
-    if not tag.exists():
-        tag.write_text("Signature: 8a477f597d28d172789f06886806bc55\n"
-                       "# This file is a cache directory tag created by hf-mirror export.\n")
     return report

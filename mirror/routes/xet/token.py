@@ -1,0 +1,117 @@
+"""The Xet token route and the hints that lead clients to it (:mod:`mirror.routes.xet`, steps 1 and 2): ``X-Xet-Hash``
+and the ``xet-auth`` link on resolve answers, ``xetHash`` on tree and paths-info entries, and
+``GET /api/{type}s/{repo}/xet-read-token/{rev}``, the mirror's own signed token after resolve's access check."""
+
+from __future__ import annotations
+
+import json
+
+from mirror import hf
+from mirror.access import Caller, token_digest
+from mirror.asgi import Scope, Send
+from mirror.config import Settings
+from mirror.errors import EntryNotFound, MirrorError
+from mirror.metrics import Metrics, Outcome
+from mirror.routes.common import mirror_base, send_error
+from mirror.service import MirrorService
+from mirror.service.answers import ApiResult, ResolvedFile
+from mirror.xet import CAS_PREFIX, XetCatalog, XetSigner
+
+
+class XetTokenRoute:
+    def __init__(self, settings: Settings, service: MirrorService, catalog: XetCatalog, signer: XetSigner,
+                 metrics: Metrics) -> None:
+        self.settings = settings
+        self.service = service
+        self.catalog = catalog
+        self.signer = signer
+        self.metrics = metrics
+        self.token_ttl = settings.xet_token_ttl
+
+    # --- hints on the mirror's own answers -------------------------------------------------------------------------
+
+    def resolve_headers(self, scope: Scope, resolved: ResolvedFile) -> list[tuple[bytes, bytes]]:
+        """``X-Xet-Hash`` and the ``xet-auth`` link (the mirror's token route) for a file upstream marks as Xet."""
+        entry = resolved.entry
+        if not entry.lfs:
+            return []
+        xet_hash = self.catalog.hint(resolved.repo, entry.commit, entry.path, entry.etag)
+        if xet_hash is None:
+            return []
+        route = f"{mirror_base(scope)}{resolved.repo.api_path()}/xet-read-token/{entry.commit}"
+        return [(b"x-xet-hash", xet_hash.encode()), (b"link", f'<{route}>; rel="xet-auth"'.encode("latin-1"))]
+
+    def annotate(self, target: hf.ApiTarget, result: ApiResult) -> ApiResult:
+        """Tree and paths-info answers: ``xetHash`` back on the entries whose blob upstream named."""
+        if target.sub not in ("tree", "paths-info") or result.status != 200 or b'"lfs"' not in result.body:
+            return result
+        commit = self._commit(target.repo, target.revision)
+        if commit is None:
+            return result
+        try:
+            data = json.loads(result.body)
+        except ValueError:
+            return result
+        if not self.catalog.annotate_listing(target.repo, commit, data):
+            return result
+        body = json.dumps(data, separators=(",", ":")).encode()
+        return ApiResult(result.status, result.headers, body, result.outcome)
+
+    def _commit(self, repo: hf.RepoRef, revision: str | None) -> str | None:
+        if not revision:
+            return None
+        if hf.is_commit(revision):
+            return revision
+        ref = self.service.index.get_ref_fresh(repo, revision, self.settings.revision_ttl)
+        return ref.commit if ref else None
+
+    # --- the token route -------------------------------------------------------------------------------------------
+
+    async def token(self, scope: Scope, send: Send, target: hf.ApiTarget, caller: Caller) -> Outcome:
+        head = scope["method"] == "HEAD"
+        try:
+            repo = target.repo
+            commit = self._commit(repo, target.revision) or (
+                (ref := self.service.index.get_ref(repo, target.revision or "")) and ref.commit)
+            probe = self.catalog.probe_path(repo)
+            if probe is None:
+                raise EntryNotFound(commit or None, "No Xet-backed file of this repo is known to the mirror")
+            if not commit and target.revision:
+                # A branch the mirror has not resolved yet (HfFileSystem asks the token for "main" after a tree
+                # listing): resolve it as a resolve would, with this caller's access check.
+                try:
+                    commit = (await self.service.resolve_file(
+                        hf.ResolveTarget(repo, target.revision, probe[1]), caller)).entry.commit
+                except EntryNotFound as exc:
+                    if not exc.commit:
+                        raise
+                    commit = exc.commit
+            if not commit:
+                raise EntryNotFound(None, f"Revision {target.revision!r} is not known to the mirror yet")
+            # The access check a resolve of this repo's content makes for this caller (gated, private, offline).
+            await self.service.resolve_file(hf.ResolveTarget(repo, probe[0], probe[1]), caller)
+            claims = {"t": repo.type.value, "r": repo.repo_id, "c": commit, "u": token_digest(caller.token),
+                      **self._caller_claims(caller)}
+            token, exp = self.signer.sign("access", claims, self.token_ttl)
+        except MirrorError as exc:
+            self.metrics.requests.labels(route="xet-token", outcome=Outcome.ERROR).inc()
+            await send_error(send, exc, head=head)
+            return Outcome.ERROR
+        cas_url = mirror_base(scope) + CAS_PREFIX
+        body = json.dumps({"accessToken": token, "exp": exp, "casUrl": cas_url}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"cache-control", b"no-store"), (b"x-xet-cas-url", cas_url.encode("latin-1")),
+                   (b"x-xet-access-token", token.encode()), (b"x-xet-token-expiration", str(exp).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if head else body})
+        self.metrics.requests.labels(route="xet-token", outcome=Outcome.HIT).inc()
+        return Outcome.HIT
+
+    def _caller_claims(self, caller: Caller) -> dict[str, str]:
+        """How the CAS reads upstream for this caller: its own token (sealed), none, or the service token (``svc``:
+        never written into a claim; the CAS takes it from the settings again)."""
+        if caller.token is None:
+            return {"m": "anon"}
+        if caller.own_token:
+            return {"m": "own", "a": self.signer.seal(caller.token)}
+        return {"m": "svc"}

@@ -1,0 +1,60 @@
+"""What both sides of the service share: the parts it holds, what it remembers of refs (a branch or tag maps to a
+commit for ``revision_ttl`` seconds), and the refusal when a caller's access cannot be confirmed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from mirror import hf
+from mirror.access import AccessPolicy, Caller, offline_refusal
+from mirror.config import Settings
+from mirror.errors import MirrorError, UpstreamUnavailable
+from mirror.fill import FillManager
+from mirror.index import MetadataIndex
+from mirror.metrics import Metrics
+from mirror.storage.base import BlobStore
+from mirror.upstream import UpstreamClient
+
+
+class ServiceCore:
+    def __init__(self, settings: Settings, index: MetadataIndex, store: BlobStore, upstream: UpstreamClient,
+                 fills: FillManager, access: AccessPolicy, metrics: Metrics,
+                 make_room: Callable[[int, int], Awaitable[bool]] | None = None,
+                 on_hit: Callable[[str], None] | None = None) -> None:
+        self.settings = settings
+        self.index = index
+        self.store = store
+        self.upstream = upstream
+        self.fills = fills
+        self.access = access
+        self.metrics = metrics
+        self.make_room = make_room
+        self.on_hit = on_hit  # a stored blob was served: the scrub checks it (once per file, in the background)
+        self._probes: dict[tuple[str, str, str], asyncio.Future[object]] = {}  # access probes in flight (files)
+        # Upstream's Xet hashes (mirror.xet.XetCatalog), set by the app when it serves Xet: learned from upstream's
+        # answers, put back on tree / paths-info answers (the cached JSON stays Xet-free).
+        self.xet: Any = None
+
+    # --- revisions -------------------------------------------------------------------------------------------------
+
+    def _known_commit(self, repo: hf.RepoRef, revision: str, *, fresh: bool) -> str | None:
+        if hf.is_commit(revision):
+            return revision
+        if fresh:
+            entry = self.index.get_ref_fresh(repo, revision, self.settings.revision_ttl)
+        else:
+            entry = self.index.get_ref(repo, revision)
+        if entry is None and fresh and self.settings.offline:
+            entry = self.index.get_ref(repo, revision)
+        return entry.commit if entry else None
+
+    def _remember_ref(self, repo: hf.RepoRef, revision: str, commit: str) -> None:
+        if revision != commit and hf.is_commit(commit):
+            self.index.put_ref(repo, revision, commit)
+
+    def _unconfirmed(self, caller: Caller) -> MirrorError:
+        if self.settings.offline:
+            return offline_refusal(caller)
+        return UpstreamUnavailable("Upstream is unreachable and access to this repo cannot be confirmed")

@@ -1,0 +1,191 @@
+"""The file side of the service: what a path is at a revision, and where its bytes come from.
+
+Refs are mutable, content is immutable: what a path is at a commit, and the blob behind an etag, never change once
+known. Content is local-first: a cached blob is served without asking upstream (after an access check for repos
+that are not public). One fill per blob (:mod:`mirror.fill`). The service decides where a file's bytes come from
+(:class:`Cached`, :class:`Filling` or :class:`Relay`: the route only sends them) and the request's outcome, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from mirror import hf
+from mirror.access import Caller, token_digest
+from mirror.errors import EntryNotFound, HubError, MirrorError, OfflineMiss, UpstreamUnavailable
+from mirror.fill import FillSpec
+from mirror.index import FileEntry, blob_key
+from mirror.metrics import Outcome
+from mirror.service.answers import BlobSource, Cached, Filling, Relay, ResolvedFile
+from mirror.service.core import ServiceCore
+from mirror.service.listing import entry_from_listing
+
+log = logging.getLogger("hf_mirror.service")
+
+
+# A Range starting this far past the bytes a fill has written is relayed from upstream instead of waiting for them.
+RANGE_RELAY_GAP = 16 * 1024 * 1024
+# How long an access probe's answer stays shared after it ends (see _check_content_access).
+_PROBE_LINGER = 1.0
+
+_HIT, _MISS, _STALE, _PASSTHROUGH = Outcome.HIT, Outcome.MISS, Outcome.STALE, Outcome.PASSTHROUGH
+
+
+class FileService(ServiceCore):
+    async def resolve_file(self, target: hf.ResolveTarget, caller: Caller) -> ResolvedFile:
+        """What ``target`` is: commit, etag, size. Raises the Hub's errors (EntryNotFound carries the commit)."""
+        repo, revision, path = target.repo, target.revision, target.path
+        commit = self._known_commit(repo, revision, fresh=True)
+        if commit is not None:
+            entry = self.index.get_file(repo, commit, path) or entry_from_listing(self.index, repo, commit, path)
+            if entry is not None:
+                await self._check_content_access(repo, revision, path, caller)
+                return self._found(repo, entry, _HIT)
+        if self.settings.offline:
+            return self._stale_file(target, caller, OfflineMiss(f"{path} is not cached and the mirror is offline"))
+        try:
+            meta = await self.upstream.head_file(repo, revision, path, caller.token, caller.check)
+        except EntryNotFound as exc:
+            if exc.commit:
+                self._remember_ref(repo, revision, exc.commit)
+                self.index.put_file(repo, FileEntry(exc.commit, path, missing=True))
+            raise
+        except UpstreamUnavailable as exc:
+            return self._stale_file(target, caller, exc)
+        except HubError as exc:
+            if exc.status in (401, 403, 404):
+                self.access.record_public(repo, "content", caller.token, public=False)
+            raise
+        self._remember_ref(repo, revision, meta.commit)
+        entry = FileEntry(meta.commit, path, blob_key(meta.etag), meta.size, lfs=bool(hf.SHA256_RE.match(meta.etag)))
+        self.index.put_file(repo, entry)
+        if self.xet is not None and entry.lfs:
+            self.xet.record(repo, meta.commit, path, meta.xet_hash, entry.etag, meta.size)
+        self.access.record_public(repo, "content", caller.token)
+        self.access.record_allowed(repo, "content", caller.token)
+        return ResolvedFile(repo, entry, _MISS, meta.cdn_url)
+
+    def _found(self, repo: hf.RepoRef, entry: FileEntry, outcome: Outcome) -> ResolvedFile:
+        if entry.missing:
+            raise EntryNotFound(entry.commit)  # the Hub's own words: the client appends them to its message
+        return ResolvedFile(repo, entry, outcome)
+
+    def _stale_file(self, target: hf.ResolveTarget, caller: Caller, cause: MirrorError) -> ResolvedFile:
+        commit = self._known_commit(target.repo, target.revision, fresh=False)
+        entry = self.index.get_file(target.repo, commit, target.path) if commit else None
+        if entry is None:
+            if isinstance(cause, UpstreamUnavailable):
+                raise type(cause)(f"{cause.message}; {target.path} is not cached on the mirror")
+            raise cause
+        if not self.access.may_serve_stale(target.repo, "content", caller):
+            raise self._unconfirmed(caller)
+        self.metrics.stale_served.inc()
+        log.warning("serving %s %s stale: %s", target.repo.key, target.path, cause.message)
+        return self._found(target.repo, entry, _STALE)
+
+    async def _check_content_access(self, repo: hf.RepoRef, revision: str, path: str, caller: Caller) -> None:
+        async def probe(token: str | None) -> None:
+            if self.settings.offline:
+                raise UpstreamUnavailable("offline")
+            # One probe at a time per repo and token: the HEADs a client sends at once for many files of a repo
+            # (snapshot_download, 8 threads) share the first one's answer instead of asking upstream each.
+            key = (repo.key, token_digest(token), _guard_key(caller.check))
+            task = self._probes.get(key)
+            if task is None:
+                self._probes[key] = task = asyncio.ensure_future(
+                    self.upstream.head_file(repo, revision, path, token, caller.check))
+                # Kept a moment after it ends: a HEAD that arrives between the answer and the access memo's update
+                # still shares it instead of asking upstream again.
+                task.add_done_callback(lambda done: asyncio.get_running_loop().call_later(
+                    _PROBE_LINGER, lambda: self._probes.pop(key, None) if self._probes.get(key) is done else None))
+            await asyncio.shield(task)
+
+        await self.access.check(repo, "content", caller, probe)
+
+    def fill_token(self, resolved: ResolvedFile, caller: Caller) -> str | None:
+        """The token a fill downloads with: the caller's; for public content, the service token (the rate limits of
+        an account, not of an anonymous address). The bytes of a file whose metadata upstream served anonymously."""
+        if caller.token is None and self.access.is_public(resolved.repo, "content"):
+            return self.settings.upstream_token
+        return caller.token
+
+    async def head_outcome(self, resolved: ResolvedFile) -> Outcome:
+        """The outcome a HEAD reports: a hit only when the blob is stored, on this disk (one stat) or else in the
+        shared store; a miss when only its metadata is known, or when the shared store is down."""
+        if resolved.outcome is not _HIT or self.store.cached_path(resolved.entry.etag) is not None:
+            return resolved.outcome
+        try:
+            stored = await self.store.stat(resolved.entry.etag) is not None
+        except MirrorError:  # the shared store is down: a HEAD still answers from the metadata
+            stored = False
+        return _HIT if stored else _MISS
+
+    async def open_blob(self, resolved: ResolvedFile, caller: Caller, start: int, end: int,
+                        detached: bool = False) -> BlobSource:
+        """Where the bytes ``start..end`` of the file come from: its file on this disk, the fill producing it (from
+        upstream, or from a remote store), or upstream directly (no disk room; a Range far beyond the fill)."""
+        entry = resolved.entry
+        stale = resolved.outcome is _STALE
+        path = self.store.cached_path(entry.etag)
+        if path is not None and await self._intact(str(path), entry):
+            await self.store.touch(entry.etag)  # least recently *used* goes first when the quota needs room
+            if self.on_hit is not None:
+                self.on_hit(entry.etag)
+            return Cached(str(path), _STALE if stale else _HIT)
+        if self.settings.offline and await self.store.stat(entry.etag) is None:
+            raise OfflineMiss(f"{entry.path} is not cached and the mirror is offline")
+        spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
+                        token=self.fill_token(resolved, caller),
+                        cdn_url=resolved.cdn_url, detached=detached)
+        if (self.make_room is not None and not self.settings.offline and not self.fills.is_filling(entry.etag)
+                and not await self.make_room(entry.size, self.fills.bytes_to_write)):
+            log.warning("no disk room for %s %s (%d bytes): relaying it without storing it", resolved.repo.key,
+                        entry.path, entry.size)
+            return Relay(resolved, caller.token, start, end, _STALE if stale else _PASSTHROUGH)
+        fill = await self.fills.start(spec)
+        if fill is None:  # on this disk meanwhile
+            path = self.store.cached_path(entry.etag)
+            if path is not None:
+                return Cached(str(path), _STALE if stale else _HIT)
+            return Relay(resolved, caller.token, start, end, _STALE if stale else _PASSTHROUGH)
+        if start > fill.written + RANGE_RELAY_GAP and not self.settings.offline:
+            # A Range far beyond what the fill has: relay it from upstream while the fill goes on.
+            return Relay(resolved, caller.token, start, end, _STALE if stale else _MISS)
+        # A fill already verified (its commit's fsync still running) needs nothing more from upstream: a hit.
+        return Filling(fill, _STALE if stale else _HIT if fill.verified else _MISS)
+
+    async def _intact(self, path: str, entry: FileEntry) -> bool:
+        """The cheap check on every hit: a stored blob of the wrong size is never served; it is removed and
+        fetched again. (A same-size corruption is the scrub's: see CacheManager.suspect.)"""
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            return False
+        if size == entry.size:
+            return True
+        self.metrics.integrity_failures.inc()
+        log.error("stored blob %s is %d bytes, not %d: removed, fetching it again", entry.etag, size, entry.size)
+        await self.store.delete(entry.etag)
+        return False
+
+    @asynccontextmanager
+    async def relay_file(self, relay: Relay, chunk_size: int) -> AsyncIterator[AsyncIterator[bytes]]:
+        """The relayed bytes of ``relay``, as they arrive from upstream (never stored)."""
+        entry = relay.resolved.entry
+        async with self.upstream.stream_file(relay.resolved.repo, entry.commit, entry.path, relay.token,
+                                             relay.start, relay.end, chunk_size) as body:
+            yield body.chunks
+
+
+def _guard_key(check: Callable[[hf.RepoRef], None] | None) -> str:
+    """Which repo policy a caller's guard applies (the operator's filter, or one principal's): probes are shared only
+    by callers under the same one."""
+    if isinstance(check, functools.partial):
+        return f"{id(check.func)}:{check.args!r}"
+    return str(id(getattr(check, "__self__", check)))
+
