@@ -1,21 +1,38 @@
-"""Settings: the one home of configuration.
+"""Settings: the one home of configuration, a pydantic-settings model.
 
-Precedence, lowest first: defaults < TOML file (``--config``) < ``HF_MIRROR_<NAME>`` env vars < CLI
-flags.
+Precedence, lowest first: defaults < TOML file (``--config``, or env ``HF_MIRROR_CONFIG``) < ``HF_MIRROR_<NAME>``
+env vars < CLI flags (the keyword arguments). pydantic-settings does the layering and the coercion; sizes read as
+``500G``/``1.5TiB`` anywhere; every error is a :class:`ConfigError` with one readable line.
 Only the CLI and the app factory build a :class:`Settings`; everything else receives it, or a part of it, as an
 argument.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 from mirror.errors import redact_url
 
@@ -53,21 +70,58 @@ def format_size(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Every knob of the mirror. Field names are the TOML keys and, upper-cased, the env var suffixes."""
+def _flag(value: Any) -> Any:
+    return False if isinstance(value, str) and not value.strip() else value  # an empty env var: off
+
+
+def _items(value: Any) -> Any:
+    return str(value).split(",") if isinstance(value, str) else value  # "a, b" (env, flags) or a TOML list
+
+
+def _strip_items(value: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(item.strip() for item in value if item.strip())
+
+
+def _http_url(url: str | None) -> str | None:
+    if url and not url.startswith(("http://", "https://")):
+        raise ValueError("must be an http(s) URL")
+    return url
+
+
+# Value types shared by the fields: a size (``500G``; 0 or empty: unlimited, None), a byte count or rate (``32M``;
+# 0: off), a flag (empty: off), a path (``~`` expanded; empty: None), a comma-separated list, an http(s) URL.
+Size = Annotated[int | None, BeforeValidator(parse_size)]
+Bytes = Annotated[int, BeforeValidator(lambda value: parse_size(value) or 0)]
+Flag = Annotated[bool, BeforeValidator(_flag)]
+UserPath = Annotated[Path, AfterValidator(lambda path: path.expanduser())]
+OptionalPath = Annotated[UserPath | None, BeforeValidator(lambda value: value or None)]
+Items = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_items), AfterValidator(_strip_items)]
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+# What the sources of one build read besides the keyword arguments: the TOML file, and whether HF_TOKEN counts.
+_BUILD: ContextVar[tuple[Path | None, bool]] = ContextVar("settings_build", default=(None, False))
+
+
+class Settings(BaseSettings):
+    """Every knob of the mirror. Field names are the TOML keys and, upper-cased, the env var suffixes.
+
+    ``Settings(**flags, _config_file=path, _hf_token_env=...)`` layers the sources; a bad value raises
+    :class:`ConfigError`. ``_hf_token_env``: ``HF_TOKEN`` stands in for a service token not configured otherwise."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid", validate_default=True,
+                                      coerce_numbers_to_str=True)
 
     host: str = "127.0.0.1"
-    port: int = 8090
-    upstream: str = "https://huggingface.co"
-    cache_dir: Path = field(default_factory=lambda: Path("~/.cache/hf-mirror").expanduser())
-    offline: bool = False
-    revision_ttl: float = 300.0
+    port: int = Field(8090, gt=0, lt=65536)
+    upstream: Annotated[HttpUrl, AfterValidator(lambda url: url.rstrip("/"))] = "https://huggingface.co"
+    cache_dir: UserPath = Path("~/.cache/hf-mirror")
+    offline: Flag = False
+    revision_ttl: float = Field(300.0, ge=0)
     upstream_token: str | None = None
-    workers: int = 1
-    log_format: str = "text"
+    workers: int = Field(1, ge=1)
+    log_format: Literal["text", "json"] = "text"
     log_level: str = "info"
-    access_log: bool = True
+    access_log: Flag = True
     # Upstream timeouts (seconds) and retry policy.
     connect_timeout: float = 10.0
     read_timeout: float = 30.0
@@ -75,123 +129,134 @@ class Settings:
     upstream_retries: int = 4
     retry_backoff_max: float = 8.0
     # Fill engine.
-    fill_on_disconnect: str = "continue"  # continue | cancel
+    fill_on_disconnect: Literal["continue", "cancel"] = "continue"
     fill_chunk_size: int = 8 * 1024 * 1024  # most bytes a fill hashes and announces to its readers at once
     lease_stale_seconds: float = 30.0
     # A file of at least this many bytes is fetched upstream as ``fill_connections`` concurrent Range windows of
     # ``fill_window`` bytes (a long, lossy path gives one TCP connection a fraction of the link). 0: never.
-    parallel_fill_threshold: int = 64 * 1024**2
-    fill_connections: int = 8
-    fill_window: int = 32 * 1024**2
+    parallel_fill_threshold: Bytes = 64 * 1024**2
+    fill_connections: int = Field(8, ge=1)
+    fill_window: Bytes = Field(32 * 1024**2, ge=1024**2)
     # Upstream bandwidth, bytes/s (0: unlimited): ``upstream_rate`` is shared by every fill of the process;
     # ``sync_rate`` bounds the ``sync`` command instead, during ``sync_hours`` ("HH-HH" local time, e.g. "08-18";
     # empty: always) — outside them the sync runs at ``upstream_rate``.
-    upstream_rate: int = 0
-    sync_rate: int = 0
+    upstream_rate: Bytes = 0
+    sync_rate: Bytes = 0
     sync_hours: str = ""
     # Serving.
     serve_chunk_size: int = 4 * 1024 * 1024
     accel_redirect: str | None = None
     # Disk.
-    max_size: int | None = None
+    max_size: Size = None
     # Free disk a new fill must leave under cache_dir. Short of it, least recently used blobs are evicted (local
     # storage) and, if that is not enough, the file is relayed from upstream without being stored.
-    min_free_space: int | None = 256 * 1024**2
+    min_free_space: Size = 256 * 1024**2
     gc_interval: float = 600.0
     # The scrub re-hashes stored blobs in the background at most this many bytes per second (0: off): every blob
     # once a cycle, and a blob right after its first hit in this process, so a blob corrupted on disk is served at
     # most until its check ends, then refetched.
-    scrub_rate: int = 32 * 1024**2
+    scrub_rate: Bytes = 32 * 1024**2
     # Blob storage (issue 9): ``local`` keeps blobs under cache_dir; ``s3`` keeps them in an S3-compatible bucket
     # shared by every node, with cache_dir as a bounded local hot tier. Credentials come from the standard AWS
     # sources (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, profiles, instance/pod roles), never from these settings.
-    storage: str = "local"
-    s3_endpoint: str | None = None  # None: AWS S3 itself; e.g. http://seaweedfs:8333 or https://minio.example
+    storage: Literal["local", "s3"] = "local"
+    s3_endpoint: HttpUrl | None = None  # None: AWS S3 itself; e.g. http://seaweedfs:8333 or https://minio.example
     s3_bucket: str | None = None
     s3_prefix: str = ""
     s3_region: str = "us-east-1"
-    hot_tier_max_size: int | None = 20 * 1024**3  # bound of the local copy of bucket blobs (LRU); 0: unbounded
+    hot_tier_max_size: Size = 20 * 1024**3  # bound of the local copy of bucket blobs (LRU); 0: unbounded
     # The URL other nodes of the fleet reach this one at. Published in the fill leases of a shared bucket, so that
     # a node following another's fill streams it from that node at once instead of waiting for its commit.
-    node_url: str | None = None
+    node_url: HttpUrl | None = None
     # Access (issue 6).
     access_ttl: float = 300.0
     # How long a caller's confirmed access to non-public content is honoured when upstream cannot be asked
     # (--offline, or an outage). Past it, the caller is refused until upstream confirms again.
-    access_grace: float = 86400.0
-    access_fail_open: bool = False
+    access_grace: float = Field(86400.0, ge=0)
+    access_fail_open: Flag = False
     # The service token goes upstream for the nightly sync and for public content only. Lent to callers that send
     # no token only when the operator says so: then every anonymous caller reads what the token can read.
-    lend_upstream_token: bool = False
+    lend_upstream_token: Flag = False
     # Offline, content whose visibility upstream never told (seeded by ``cache import``) is closed unless this is set.
-    open_unknown_repos: bool = False
-    auth_tokens_file: Path | None = None
+    open_unknown_repos: Flag = False
+    auth_tokens_file: OptionalPath = None
     jwt_secret: str | None = None
-    jwt_public_key_file: Path | None = None
-    allow_repos: tuple[str, ...] = ()
-    deny_repos: tuple[str, ...] = ()
+    jwt_public_key_file: OptionalPath = None
+    allow_repos: Items = ()
+    deny_repos: Items = ()
     max_paths_info: int = 1000
     # The dataset viewer's host upstream (issue 20): by default the one the Hub's client derives from the upstream,
     # ``https://datasets-server.<upstream host>``; ``off`` answers the viewer host from the cache only.
-    viewer_upstream: str | None = None
+    viewer_upstream: str | None = Field(None, validate_default=True)
     # Xet (issue 17): files upstream marks as Xet-backed carry the mirror's own Xet hints (token route, CAS under
     # ``/_xet``), so hf_xet clients download through the mirror (files over 50 GB included). On by default: every
     # client generation tested (huggingface_hub 2.x, 1.33, 0.36, each with its hf_xet) downloads through it (README).
     # Off: every Xet hint is stripped and clients download over plain HTTP. ``xet_token_ttl``: seconds a Xet token /
     # byte-range URL lives.
-    serve_xet: bool = True
+    serve_xet: Flag = True
     xet_token_ttl: float = 900.0
     # Bounds on what a caller can make the process hold: request line + headers, the time to send them, and the
     # upstream JSON the mirror caches (relayed bodies stream).
-    max_header_bytes: int = 64 * 1024
-    header_timeout: float = 10.0
-    max_api_body: int = 32 * 1024**2
+    max_header_bytes: Bytes = Field(64 * 1024, ge=4096)
+    header_timeout: float = Field(10.0, gt=0)
+    max_api_body: Size = 32 * 1024**2
     # TLS for the embedded server.
-    ssl_certfile: Path | None = None
-    ssl_keyfile: Path | None = None
+    ssl_certfile: OptionalPath = None
+    ssl_keyfile: OptionalPath = None
     # Graceful shutdown bound (seconds) for fills in flight.
     shutdown_grace: float = 20.0
 
-    def __post_init__(self) -> None:
-        if not self.upstream.startswith(("http://", "https://")):
-            raise ConfigError(f"upstream must be an http(s) URL, got {self.upstream!r}")
-        object.__setattr__(self, "upstream", self.upstream.rstrip("/"))
-        scheme, _, rest = self.upstream.partition("://")
+    def __init__(self, _config_file: Path | None = None, _hf_token_env: bool = False, **values: Any) -> None:
+        build = _BUILD.set((_config_file, _hf_token_env))
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise ConfigError(_one_line(exc)) from None
+        finally:
+            _BUILD.reset(build)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config_file, hf_token_env = _BUILD.get()
+        config_file = config_file or (Path(os.environ[ENV_PREFIX + "CONFIG"]) if os.environ.get(ENV_PREFIX + "CONFIG")
+                                      else None)
+        sources = [init_settings, env_settings]
+        if config_file is not None:
+            sources.append(_TomlSource(settings_cls, config_file))
+        # HF_TOKEN is the conventional home of a Hub token: the sync and cache commands may take it, ``serve`` never
+        # does (a token picked up silently would be used for every caller's public downloads).
+        if hf_token_env and os.environ.get("HF_TOKEN"):
+            sources.append(InitSettingsSource(settings_cls, {"upstream_token": os.environ["HF_TOKEN"]}))
+        return tuple(sources)
+
+    @field_validator("upstream_token")
+    @classmethod
+    def _blank_is_none(cls, token: str | None) -> str | None:
+        return token or None  # "" (an unset compose var): none
+
+    @field_validator("viewer_upstream")
+    @classmethod
+    def _viewer_default(cls, viewer: str | None, info: ValidationInfo) -> str | None:
+        scheme, _, rest = str(info.data.get("upstream", "")).partition("://")
         derived = f"{scheme}://datasets-server.{rest.rpartition('@')[2]}"  # never the upstream's credentials
-        viewer = (self.viewer_upstream or derived).rstrip("/")
+        return (viewer or derived).rstrip("/")
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        viewer = self.viewer_upstream or ""
         if viewer not in ("off", "none") and not viewer.startswith(("http://", "https://")):
-            raise ConfigError(f"viewer_upstream must be an http(s) URL or 'off', got {viewer!r}")
-        object.__setattr__(self, "viewer_upstream", viewer)
-        object.__setattr__(self, "upstream_token", self.upstream_token or None)  # "" (an unset compose var): none
-        object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
-        if not 0 < self.port < 65536:
-            raise ConfigError(f"port must be 1..65535, got {self.port}")
-        if self.revision_ttl < 0:
-            raise ConfigError("revision_ttl must be >= 0 seconds")
-        if self.fill_on_disconnect not in ("continue", "cancel"):
-            raise ConfigError("fill_on_disconnect must be 'continue' or 'cancel'")
-        if self.log_format not in ("text", "json"):
-            raise ConfigError("log_format must be 'text' or 'json'")
-        if self.workers < 1:
-            raise ConfigError("workers must be >= 1")
-        if self.storage not in ("local", "s3"):
-            raise ConfigError(f"storage must be 'local' or 's3', got {self.storage!r}")
+            raise ConfigError(f"viewer_upstream must be an http(s) URL or 'off', got {redact_url(viewer)!r}")
         if self.storage == "s3" and not self.s3_bucket:
             raise ConfigError("storage = 's3' needs s3_bucket")
-        if self.s3_endpoint and not self.s3_endpoint.startswith(("http://", "https://")):
-            raise ConfigError(f"s3_endpoint must be an http(s) URL, got {self.s3_endpoint!r}")
-        if self.node_url and not self.node_url.startswith(("http://", "https://")):
-            raise ConfigError(f"node_url must be an http(s) URL, got {self.node_url!r}")
-        if not self.max_header_bytes or self.max_header_bytes < 4096:
-            raise ConfigError("max_header_bytes must be at least 4K")
-        if self.header_timeout <= 0 or self.access_grace < 0:
-            raise ConfigError("header_timeout must be > 0 and access_grace >= 0 seconds")
-        if self.fill_connections < 1 or self.fill_window < 1024**2:
-            raise ConfigError("fill_connections must be >= 1 and fill_window at least 1M")
         if self.sync_hours and not re.fullmatch(r"\d{1,2}-\d{1,2}", self.sync_hours):
             raise ConfigError(f"sync_hours must look like 08-18, got {self.sync_hours!r}")
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ConfigError("ssl_certfile and ssl_keyfile must be given together")
+        return self
 
     @property
     def upstream_display(self) -> str:
@@ -205,7 +270,7 @@ class Settings:
 
     def redacted(self) -> dict[str, Any]:
         """The settings as a dict fit for logs and the status page: secrets replaced."""
-        out = dataclasses.asdict(self)
+        out = self.model_dump()
         for key in ("upstream_token", "jwt_secret"):
             if out.get(key):
                 out[key] = "***"
@@ -214,72 +279,38 @@ class Settings:
         return {k: str(v) if isinstance(v, Path) else v for k, v in out.items()}
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+class _TomlSource(TomlConfigSettingsSource):
+    """The ``--config`` file: its keys, or those of its ``[mirror]`` table; a missing file, bad TOML or a key that
+    is no setting is an error naming the file."""
 
+    def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
+        if not Path(path).is_file():
+            raise ConfigError(f"config file not found: {path}")
+        super().__init__(settings_cls, toml_file=path)
 
-def _coerce(name: str, raw: Any) -> Any:
-    """Turn a TOML/env/CLI value into the field's type, with a clear error."""
-    kind = str(_FIELDS[name].type)
-    try:
-        if name in ("scrub_rate", "upstream_rate", "sync_rate", "parallel_fill_threshold", "fill_window"):
-            return parse_size(raw) or 0  # 0: off
-        if name in ("max_size", "hot_tier_max_size", "min_free_space", "max_header_bytes", "max_api_body"):
-            return parse_size(raw)
-        if kind.startswith("bool"):
-            if isinstance(raw, bool):
-                return raw
-            text = str(raw).strip().lower()
-            if text in ("1", "true", "yes", "on"):
-                return True
-            if text in ("0", "false", "no", "off", ""):
-                return False
-            raise ValueError(raw)
-        if kind.startswith("int"):
-            return int(raw)
-        if kind.startswith("float"):
-            return float(raw)
-        if kind.startswith("tuple"):
-            items = raw if isinstance(raw, list | tuple) else str(raw).split(",")
-            return tuple(str(item).strip() for item in items if str(item).strip())
-        if "Path" in kind:
-            return Path(str(raw)).expanduser() if raw not in (None, "") else None
-        return None if raw is None else str(raw)
-    except ValueError as exc:
-        raise ConfigError(f"invalid value for {name}: {raw!r}") from exc
-
-
-def load_settings(
-    cli: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
-    config_file: Path | None = None,
-    *,
-    hf_token_env: bool = False,
-) -> Settings:
-    """Merge defaults, the TOML file, ``HF_MIRROR_*`` env vars and CLI values (``None`` = not given)."""
-    env = os.environ if env is None else env
-    values: dict[str, Any] = {}
-    config_file = config_file or (Path(env[ENV_PREFIX + "CONFIG"]) if env.get(ENV_PREFIX + "CONFIG") else None)
-    if config_file is not None:
+    def _read_file(self, file_path: Any) -> dict[str, Any]:
         try:
-            data = tomllib.loads(Path(config_file).read_text())
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file not found: {config_file}") from exc
+            data = super()._read_file(file_path)
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from exc
+            raise ConfigError(f"config file {file_path} is not valid TOML: {exc}") from exc
         data = data.get("mirror", data)
-        unknown = sorted(set(data) - set(_FIELDS))
+        unknown = sorted(set(data) - set(Settings.model_fields))
         if unknown:
-            raise ConfigError(f"unknown setting(s) in {config_file}: {', '.join(unknown)}")
-        values.update({k: _coerce(k, v) for k, v in data.items()})
-    for name in _FIELDS:
-        raw = env.get(ENV_PREFIX + name.upper())
-        if raw is not None:
-            values[name] = _coerce(name, raw)
-    # HF_TOKEN is the conventional home of a Hub token: the sync and cache commands may take it, ``serve`` never
-    # does (a token picked up silently would be used for every caller's public downloads).
-    if hf_token_env and "upstream_token" not in values and env.get("HF_TOKEN"):
-        values["upstream_token"] = env["HF_TOKEN"]
-    for name, raw in (cli or {}).items():
-        if raw is not None and name in _FIELDS:
-            values[name] = _coerce(name, raw)
-    return Settings(**values)
+            raise ConfigError(f"unknown setting(s) in {file_path}: {', '.join(unknown)}")
+        return data
+
+
+def _one_line(exc: ValidationError) -> str:
+    """A validation failure as the CLI prints it: the checks across settings as they are, else the setting, its
+    value (secrets and URL credentials hidden) and why."""
+    lines = []
+    for error in exc.errors(include_url=False):
+        cause, name, value = error.get("ctx", {}).get("error"), ".".join(map(str, error["loc"])), error["input"]
+        if not name:
+            lines.append(str(cause or error["msg"]))
+        elif error["type"] == "extra_forbidden":
+            lines.append(f"unknown setting: {name}")
+        else:
+            value = "***" if name in ("upstream_token", "jwt_secret") else redact_url(repr(value))
+            lines.append(f"invalid value for {name}: {value} ({cause or error['msg']})")
+    return "; ".join(lines)

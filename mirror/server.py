@@ -7,14 +7,11 @@ settings keep one home even across the process boundary.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
-import json
 import logging
 import os
 import resource
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httptools
@@ -194,23 +191,9 @@ def protocol_factory(settings: Settings) -> Callable[..., HttpProtocol]:
     )
 
 
-def _to_json(settings: Settings) -> str:
-    return json.dumps({k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(settings).items()})
-
-
-def _from_json(text: str) -> Settings:
-    data = json.loads(text)
-    for key in ("allow_repos", "deny_repos"):
-        data[key] = tuple(data.get(key) or ())
-    for key in ("cache_dir", "auth_tokens_file", "jwt_public_key_file", "ssl_certfile", "ssl_keyfile"):
-        if data.get(key):
-            data[key] = Path(data[key])
-    return Settings(**data)
-
-
 def worker_app() -> MirrorApp:
     """uvicorn factory for worker processes."""
-    settings = _from_json(os.environ[_SETTINGS_ENV])
+    settings = Settings.model_validate_json(os.environ[_SETTINGS_ENV])  # as built: no source read again
     setup_logging(settings.log_level, settings.log_format, (settings.upstream_token or "",))
     return create_app(settings)
 
@@ -242,7 +225,7 @@ def serve(settings: Settings) -> None:
         server_header=False, http=protocol_factory(settings), timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
     )
     if settings.workers > 1:
-        os.environ[_SETTINGS_ENV] = _to_json(settings)
+        os.environ[_SETTINGS_ENV] = settings.model_dump_json()
         uvicorn.run("mirror.server:worker_app", factory=True, workers=settings.workers, **common)
     else:
         uvicorn.run(create_app(settings), **common)

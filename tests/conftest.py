@@ -52,6 +52,16 @@ def mirror(emulator: EmulatorHandle, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture
+def settings_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """An environment without ``HF_MIRROR_*`` or ``HF_TOKEN`` (what the shell running the tests has set), for
+    building :class:`mirror.config.Settings` in-process; set variables on the monkeypatch it returns."""
+    for name in list(os.environ):
+        if name.startswith("HF_MIRROR_") or name == "HF_TOKEN":
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+@pytest.fixture
 def hf_home(tmp_path: Path) -> Path:
     home = tmp_path / "hf_home"
     home.mkdir()

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mirror.config import Settings, load_settings
+from mirror.config import Settings
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults: bool = False) -> None:
@@ -98,9 +98,10 @@ def settings_flags(*, suppress_defaults: bool = False) -> argparse.ArgumentParse
 
 
 def settings_from_args(args: argparse.Namespace, *, hf_token_env: bool = False) -> Settings:
+    """The flags given (a flag left out is ``None``) over env, ``--config`` and the defaults."""
     dests = vars(settings_flags().parse_args([]))  # every settings flag's name (and nothing else of ``args``)
-    values: dict[str, Any] = {k: v for k, v in vars(args).items() if k in dests and k != "config"}
-    return load_settings(values, config_file=getattr(args, "config", None), hf_token_env=hf_token_env)
+    flags: dict[str, Any] = {k: v for k, v in vars(args).items() if k in dests and k != "config" and v is not None}
+    return Settings(**flags, _config_file=getattr(args, "config", None), _hf_token_env=hf_token_env)
 
 
 def with_settings(run: Callable[[argparse.Namespace, Settings], int], *,

@@ -405,21 +405,23 @@ async def test_s3_bad_bucket_fails_at_open(s3: s3_server.S3Server, tmp_path: Pat
         await store.aclose()
 
 
-def test_s3_settings_are_validated_and_parsed() -> None:
-    from mirror.config import ConfigError, load_settings
+def test_s3_settings_are_validated_and_parsed(settings_env: pytest.MonkeyPatch) -> None:
+    from mirror.config import ConfigError, Settings
     from mirror.storage import open_store
 
     with pytest.raises(ConfigError, match="s3_bucket"):
-        load_settings({"storage": "s3"}, env={})
+        Settings(storage="s3")
     with pytest.raises(ConfigError, match="storage"):
-        load_settings({"storage": "nfs"}, env={})
-    settings = load_settings({"storage": "s3", "s3_bucket": "b", "s3_endpoint": "http://127.0.0.1:9"},
-                             env={"HF_MIRROR_HOT_TIER_MAX_SIZE": "10GiB", "HF_MIRROR_S3_PREFIX": "p/"})
+        Settings(storage="nfs")
+    settings_env.setenv("HF_MIRROR_HOT_TIER_MAX_SIZE", "10GiB")
+    settings_env.setenv("HF_MIRROR_S3_PREFIX", "p/")
+    settings = Settings(storage="s3", s3_bucket="b", s3_endpoint="http://127.0.0.1:9")
     assert settings.hot_tier_max_size == 10 * 2**30 and settings.s3_prefix == "p/"
     assert not any("aws" in key or "access_key" in key for key in settings.redacted())  # credentials: AWS chain only
     store = open_store(settings)
     assert type(store).__name__ == "S3BlobStore" and store.prefix == "p/"
-    assert isinstance(open_store(load_settings({}, env={})), LocalBlobStore)
+    settings_env.delenv("HF_MIRROR_S3_PREFIX")
+    assert isinstance(open_store(Settings()), LocalBlobStore)
 
 
 async def test_s3_outage_hot_hits_still_served_misses_are_503(s3_stores: Stores, tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from tests.support.mirror_proc import REPO_ROOT, MirrorProcess, free_port
 MIB = 1024 * 1024
 MODEL = "acme/tiny-model"
 BIG = "/datasets/acme/big-data/resolve/main/big.bin"
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+_FIELDS = Settings.model_fields
 MAX_HEADER_BYTES = _FIELDS["max_header_bytes"].default if "max_header_bytes" in _FIELDS else 64 * 1024
 # The mirror under test gets HF_MIRROR_HEADER_TIMEOUT=2; before Settings had the field, the protocol's default held.
 HEADER_TIMEOUT = 2.0 if "header_timeout" in _FIELDS else 10.0
