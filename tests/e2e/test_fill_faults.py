@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
-from tests.support.mirror_proc import MirrorProcess, metric, run_client
+from tests.support.mirror_proc import MirrorProcess, blob, download, metric, run_client, wait_for
 
 BIG = "acme/big-data"
 BIG_URL = f"/datasets/{BIG}/resolve/main/big.bin"
@@ -45,32 +45,6 @@ def cache(tmp_path: Path) -> Path:
 
 def big_sha(emu: EmulatorHandle) -> str:
     return emu.files.etag("dataset", BIG, "main", "big.bin")
-
-
-def blob(cache: Path, etag: str) -> Path:
-    return cache / "blobs" / etag[:2] / etag
-
-
-async def download(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, float, float]:
-    """(status, sha256, seconds to first body byte, total seconds)."""
-    began = time.monotonic()
-    first = 0.0
-    digest = hashlib.sha256()
-    async with httpx.AsyncClient(timeout=60) as client, client.stream("GET", url, headers=headers) as response:
-        async for chunk in response.aiter_raw():
-            if not first:
-                first = time.monotonic() - began
-            digest.update(chunk)
-    return response.status_code, digest.hexdigest(), first, time.monotonic() - began
-
-
-def wait_for(predicate: object, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -5,7 +5,6 @@ against the emulator."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ import httpx
 import pytest
 
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
-from tests.support.mirror_proc import MirrorProcess, run_client
+from tests.support.mirror_proc import MirrorProcess, blob, download, run_client, wait_for
 
 BIG = "acme/big-data"
 BIG_URL = f"/datasets/{BIG}/resolve/main/big.bin"
@@ -43,10 +42,6 @@ def big_sha(emu: EmulatorHandle) -> str:
     return emu.files.etag("dataset", BIG, "main", "big.bin")
 
 
-def blob(cache: Path, etag: str) -> Path:
-    return cache / "blobs" / etag[:2] / etag
-
-
 def cdn_gets(emu: EmulatorHandle) -> list[dict[str, str | None]]:
     return [r for r in emu.requests() if r["host"] == "cdn" and r["method"] == "GET"]
 
@@ -58,26 +53,6 @@ def ranges(requests: list[dict[str, str | None]]) -> list[tuple[int, int]]:
         first, _, last = spec.partition("-")
         out.append((int(first), int(last) + 1))
     return sorted(out)
-
-
-async def download(url: str) -> tuple[int, str, float, float]:
-    """(status, sha256, seconds to first body byte, total seconds)."""
-    began, first = time.monotonic(), 0.0
-    digest = hashlib.sha256()
-    async with httpx.AsyncClient(timeout=60) as client, client.stream("GET", url) as response:
-        async for chunk in response.aiter_raw():
-            first = first or time.monotonic() - began
-            digest.update(chunk)
-    return response.status_code, digest.hexdigest(), first, time.monotonic() - began
-
-
-def wait_for(predicate: object, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_windows_fill_the_file_once(emu: EmulatorHandle, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.mirror_proc import REPO_ROOT, MirrorProcess, metric, run_client
+from tests.support.mirror_proc import REPO_ROOT, MirrorProcess, blob, metric, run_client
 
 MODEL = "acme/tiny-model"
 PARQUET = "acme/tiny-parquet"
@@ -89,10 +89,6 @@ class Hub:
 def write_manifest(path: Path, body: str) -> Path:
     path.write_text(body)
     return path
-
-
-def blob_path(cache: Path, etag: str) -> Path:
-    return cache / "blobs" / etag[:2] / etag
 
 
 def blobs_in(cache: Path) -> set[str]:
@@ -172,13 +168,13 @@ def test_sync_dry_run_then_sync_then_idempotent(emu: Any, hub: Hub, tmp_path: Pa
     assert blobs_in(cache) == etags  # exactly the selected files: patterns and both revisions
     assert fetched_bytes(first.stdout) == total
     assert "FAILED" not in first.stdout
-    mtimes = {e: blob_path(cache, e).stat().st_mtime_ns for e in etags}
+    mtimes = {e: blob(cache, e).stat().st_mtime_ns for e in etags}
 
     second = cli(*sync_cmd(manifest, cache, emu.url))
     assert second.returncode == 0, second.stdout + second.stderr
     assert "nothing to fetch" in second.stdout
     assert fetched_bytes(second.stdout) == 0
-    assert {e: blob_path(cache, e).stat().st_mtime_ns for e in etags} == mtimes
+    assert {e: blob(cache, e).stat().st_mtime_ns for e in etags} == mtimes
 
     listing = json.loads(cli("cache", "ls", "--json", "--cache-dir", str(cache)).stdout)
     pinned = {row["repo"]: row["pinned"] for row in listing}
@@ -292,7 +288,7 @@ def test_interrupted_sync_resumes(emu: Any, hub: Hub, tmp_path: Path) -> None:
     done = cli(*cmd)
     assert done.returncode == 0, done.stdout + done.stderr
     assert fetched_bytes(done.stdout) == size - second  # the third run only fetched what was missing
-    assert blob_path(cache, etag).stat().st_size == size
+    assert blob(cache, etag).stat().st_size == size
     assert _partial(cache) is None
     verify = cli("cache", "verify", "--cache-dir", str(cache))
     assert verify.returncode == 0, verify.stdout + verify.stderr

@@ -5,6 +5,7 @@ The clients read HF_ENDPOINT at import time, so every client run is a fresh ``py
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -120,3 +121,31 @@ def metric(mirror: MirrorProcess, name: str, **labels: str) -> float:
     text = httpx.get(mirror.url + "/metrics", timeout=5).text
     return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
+def blob(cache: Path, etag: str) -> Path:
+    """Where a local cache keeps a blob."""
+    return cache / "blobs" / etag[:2] / etag
+
+
+async def download(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, float, float]:
+    """(status, sha256, seconds to first body byte, total seconds)."""
+    began = time.monotonic()
+    first = 0.0
+    digest = hashlib.sha256()
+    async with httpx.AsyncClient(timeout=60) as client, client.stream("GET", url, headers=headers) as response:
+        async for chunk in response.aiter_raw():
+            if not first:
+                first = time.monotonic() - began
+            digest.update(chunk)
+    return response.status_code, digest.hexdigest(), first, time.monotonic() - began
+
+
+def wait_for(predicate: object, timeout: float = 20.0) -> None:
+    """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
