@@ -9,8 +9,13 @@ uses the answer only when its ``X-Revision`` is the commit it resolved and the J
   Fresh for ``revision_ttl``; stale when upstream fails; offline, the cached answer (the one for the commit ``main``
   is known at, when there is one) or, with pyarrow installed, one built from cached parquet files
   (:mod:`mirror.parquet_info`); else a fast 404.
-- Every answer passes the same per-caller access check as the dataset's own API JSON (``meta``): cached answers of a
-  private or gated dataset go only to callers whose access upstream confirmed (offline: within ``access_grace``).
+- Every answer passes the same per-caller access check as the dataset's files (``content``), because that is the
+  viewer's own rule (it asks the Hub's auth check with the caller's token) and a gated dataset's API JSON is public
+  while its viewer answers are not: a cached answer of a private or gated dataset goes only to a caller whose access
+  upstream confirmed (a viewer answer, or a file of the dataset, fetched with that token; else one HEAD of a file
+  of the dataset on the Hub with it; offline or upstream down: a confirmation within ``access_grace``). Anyone else
+  gets what the viewer answers them: 401 ``ExternalUnauthenticatedError`` without a token, 404
+  ``ExternalAuthenticatedError`` with one. The mirror's service token is never sent for a caller's request.
 - Only the query parameters an endpoint understands go upstream and into the key; bodies are bounded by
   ``max_api_body``; errors are never cached (junk names cannot grow the index).
 - Upstream URLs in bodies (``parquet_files[].url``) are rewritten to the mirror, per request.
@@ -34,7 +39,7 @@ from urllib.parse import quote, urlencode
 from mirror import hf
 from mirror.access import AccessPolicy, Caller, offline_refusal
 from mirror.config import Settings
-from mirror.errors import HubError, MirrorError, UpstreamUnavailable
+from mirror.errors import AccessDenied, EntryNotFound, HubError, MirrorError, RevisionNotFound, UpstreamUnavailable
 from mirror.index import ApiEntry, MetadataIndex, api_query_key
 from mirror.metrics import Metrics, Outcome
 from mirror.upstream.viewer import ViewerUpstream
@@ -51,6 +56,13 @@ _LATEST = "viewer"  # the index's revision slot for the newest answer (per-commi
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")  # a config or split name
 _PARQUET_FILE_RE = re.compile(r"^(\d{1,6})\.parquet$")
 _KEPT_HEADERS = ("content-type", "x-revision", "x-error-code", "x-error-message")
+_ACCESS = "content"  # the viewer's answers are the dataset's content, read with the dataset's files' access rule
+# The viewer's answers to a caller who may not read the dataset (its libapi's auth check).
+_UNAUTHENTICATED = ("The dataset does not exist, or is not accessible without authentication (private or gated). "
+                    "Please check the spelling of the dataset name or retry with authentication.")
+_AUTHENTICATED = ("The dataset does not exist, or is not accessible with the current credentials (private or gated). "
+                  "Please check the spelling of the dataset name or retry with other authentication credentials.")
+_DENIED_CODES = ("ExternalUnauthenticatedError", "ExternalAuthenticatedError", "RepoNotFound", "GatedRepo")
 
 
 class ViewerNotFound(HubError):
@@ -121,14 +133,20 @@ class ViewerService:
             check_name(value, key)
         path_qs = f"/{endpoint}?" + urlencode([("dataset", repo.repo_id), *params])
         offline = self.settings.offline or not self.enabled
-        result = await self._cached(repo, f"viewer-{endpoint}:", api_query_key(params, None), caller, offline,
-                                    lambda: self.upstream.viewer(path_qs, caller.token), resolve_error=False)
+        try:
+            result = await self._cached(repo, f"viewer-{endpoint}:", api_query_key(params, None), caller, offline,
+                                        lambda: self.upstream.viewer(path_qs, caller.token), resolve_error=False)
+        except (HubError, AccessDenied) as exc:
+            raise _viewer_denial(exc, caller) from None
         if result is not None:
             return result
         if endpoint == "info" and self.offline_info is not None:
             built = await self.offline_info(repo, dict(params).get("config"))
             if built is not None:
-                await self._check_access(repo, caller)
+                try:
+                    await self._check_access(repo, caller)
+                except (HubError, AccessDenied) as exc:
+                    raise _viewer_denial(exc, caller) from None
                 headers = (("content-type", "application/json"), ("x-revision", built[1]))
                 return ViewerResult(200, headers, json.dumps(built[0]).encode(), Outcome.STALE)
         raise ViewerNotFound(f"The dataset viewer's answer for {repo.repo_id} is not cached on this mirror"
@@ -208,8 +226,9 @@ class ViewerService:
             error = self.upstream.upstream.error(answer, resolve=resolve_error)
             return await self._stale(repo, caller, cached, error)
         if status >= 400:
-            if status in (401, 403, 404) and caller.token is None:
-                self.access.record_public(repo, "meta", None, public=False)
+            # Only an auth refusal says the dataset is not public (a 404 for a dataset without a conversion does not).
+            if caller.token is None and (status == 401 or answer.headers.get("x-error-code") in _DENIED_CODES):
+                self.access.record_public(repo, _ACCESS, None, public=False)
             raise self.upstream.upstream.error(answer, resolve=resolve_error)
         headers = tuple((k.lower(), v) for k, v in answer.headers.items() if k.lower() in _KEPT_HEADERS)
         if status in (301, 302, 303, 307, 308):
@@ -224,8 +243,8 @@ class ViewerService:
         revision = dict(headers).get("x-revision", "")
         if hf.is_commit(revision):
             self.index.put_api(repo, revision, route, query_key, entry)
-        self.access.record_public(repo, "meta", caller.token)
-        self.access.record_allowed(repo, "meta", caller.token)
+        self.access.record_public(repo, _ACCESS, caller.token)
+        self.access.record_allowed(repo, _ACCESS, caller.token)
         return ViewerResult(entry.status, entry.headers, entry.body, Outcome.MISS)
 
     def _pick(self, repo: hf.RepoRef, route: str, query_key: str) -> ApiEntry | None:
@@ -242,26 +261,41 @@ class ViewerService:
                      cause: MirrorError) -> ViewerResult:
         if cached is None:
             raise cause
-        if not self.access.may_serve_stale(repo, "meta", caller):
+        if not self.access.may_serve_stale(repo, _ACCESS, caller):
             raise UpstreamUnavailable("Upstream is unreachable and access to this dataset cannot be confirmed")
         self.metrics.stale_served.inc()
         log.warning("serving the viewer's answer for %s stale: %s", repo.key, cause.message)
         return ViewerResult(cached.status, cached.headers, cached.body, Outcome.STALE)
 
     async def _check_access(self, repo: hf.RepoRef, caller: Caller) -> None:
-        """The dataset's ``meta`` access, as for its API JSON: public, or confirmed for this caller's token."""
+        """The dataset's ``content`` access, as for its files: public, or confirmed for this caller's token (else one
+        HEAD of a file on the Hub with it: a missing file still says the token may read the dataset)."""
         offline = self.settings.offline
 
         async def probe(token: str | None) -> None:
             if offline:
                 raise UpstreamUnavailable("offline")
-            response = await self.upstream.upstream.api("GET", repo.api_path(), token, guard=caller.check)
-            if response.status_code >= 400:
-                raise self.upstream.upstream.error(response, resolve=False)
+            try:
+                await self.upstream.upstream.head_file(repo, "main", ".gitattributes", token, caller.check)
+            except (EntryNotFound, RevisionNotFound):
+                return
 
         try:
-            await self.access.check(repo, "meta", caller, probe)
+            await self.access.check(repo, _ACCESS, caller, probe)
         except UpstreamUnavailable:
             if offline:
                 raise offline_refusal(caller) from None
             raise
+
+
+def _viewer_denial(exc: HubError | AccessDenied, caller: Caller) -> MirrorError:
+    """What the viewer answers a caller who may not read the dataset (the mirror's own reason kept when offline);
+    any other error as it is."""
+    if isinstance(exc, AccessDenied) or exc.status in (401, 403) or exc.code in _DENIED_CODES:
+        # As the viewer maps the Hub's auth check: its 401 (no token, or one it does not know) -> 401; a refusal
+        # of a known token (403, 404) -> 404, which says nothing of whether the dataset exists.
+        offline = isinstance(exc, AccessDenied)
+        if exc.status == 401 or caller.token is None:
+            return HubError(401, "ExternalUnauthenticatedError", exc.message if offline else _UNAUTHENTICATED)
+        return HubError(404, "ExternalAuthenticatedError", exc.message if offline else _AUTHENTICATED)
+    return exc

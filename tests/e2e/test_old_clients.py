@@ -1,45 +1,26 @@
 """Intranet users upgrade slowly: huggingface_hub 1.33 (httpx) and 0.36 (requests) must work through the mirror,
 each with its own hf_xet, with the mirror serving Xet (the default) and with ``--no-serve-xet``.
 
-Each runs in its own venv under ``.venvs/`` (made on first use from the package registry, reused after)."""
+Each runs in its own venv under ``.venvs/`` (tests.support.client_venvs: made on first use from the package
+registry, reused after)."""
 
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.client_venvs import hub_venv
 from tests.support.hub_emulator.runner import EmulatorHandle
-from tests.support.mirror_proc import REPO_ROOT, MirrorProcess, metric, run_client
+from tests.support.mirror_proc import MirrorProcess, metric, run_client
 
 pytestmark = pytest.mark.e2e
 MODEL = "acme/tiny-model"
 
 
-# Each generation with the hf_xet it was released with (its metadata accepts it: 0.36 asks >=1.1.3, 1.33 >=1.6.0):
-# hf_xet 1.6 asks v2 reconstructions in 256 MB windows plus a speculative next window (416 past the end); hf_xet
-# 1.2 asks ``{casUrl}/reconstructions/{hash}`` with no version prefix, in 1 GiB windows.
-HF_XET = {"1.33.0": "1.6.0", "0.36.2": "1.2.0"}
-
-
-def client_venv(version: str) -> str:
-    root = REPO_ROOT / ".venvs" / f"huggingface_hub-{version}"
-    python = root / "bin" / "python"
-    xet = HF_XET[version]
-    check = [str(python), "-c", f"import huggingface_hub as h, importlib.metadata as m; "
-             f"assert h.__version__ == '{version}' and m.version('hf_xet') == '{xet}'"]
-    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
-        return str(python)
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True)
-    install = subprocess.run([str(python), "-m", "pip", "install", "-q", f"huggingface_hub=={version}",
-                              f"hf_xet=={xet}"], capture_output=True, text=True, timeout=600)
-    assert install.returncode == 0, install.stderr[-3000:]
-    return str(python)
+client_venv = hub_venv  # (tests/e2e/test_xet.py imports it from here)
 
 
 CODE = """

@@ -154,12 +154,17 @@ class Emulator:
         if not dataset:
             return hub_error(422, "MissingRequiredParameter", "Parameter 'dataset' is required")
         token = headers.get("authorization", "").removeprefix("Bearer ").strip() or None
-        if token and token not in VALID_TOKENS:
-            return hub_error(401, None, "Invalid credentials in Authorization header")
+        # The viewer asks the Hub's auth-check with the caller's token: its 401 (no token, or one the Hub does not
+        # know) -> 401 ExternalUnauthenticatedError; its 403/404 (a gate not accepted, a private or missing dataset)
+        # -> 404 ExternalAuthenticatedError, so that a token learns nothing of what it may not read.
         try:
+            if token and token not in VALID_TOKENS:
+                raise hub_error(401, None, "Invalid username or password.")
             repo = self.readable_repo("dataset", dataset, token)
-        except Response as answer:
-            return answer
+        except Response as denied:
+            if denied.status == 401:
+                return hub_error(401, "ExternalUnauthenticatedError", viewer_host.UNAUTHENTICATED)
+            return hub_error(404, "ExternalAuthenticatedError", viewer_host.AUTHENTICATED)
         try:
             viewer_host.viewer(repo, endpoint, query, f"http://127.0.0.1:{self.hub_port}")
         except viewer_host.ViewerAnswer as answer:

@@ -200,6 +200,33 @@ def _parquet(rows: list[dict[str, Any]], hf_meta: bool = False) -> bytes:
     return buf.getvalue()
 
 
+def _parquet_dataset(repo_id: str, n_train: int, n_test: int, seed: int, *, gated: bool = False,
+                     private: bool = False) -> Repo:
+    """A parquet dataset under data/ with a README whose YAML names its splits, and the Hub's parquet conversion of
+    it (issue 20): refs/convert/parquet, {config}/{split}/NNNN.parquet, with the ``huggingface`` schema metadata that
+    datasets writes."""
+    repo = Repo("dataset", repo_id, gated=gated, private=private)
+    name = repo_id.split("/")[1]
+    readme = ("---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: data/train-*\n"
+              f"  - split: test\n    path: data/test-*\n---\n# {name}\n")
+    train, test = _rows(n_train, seed), _rows(n_test, seed + 1)
+    commit = repo.add_commit({
+        ".gitattributes": make_file(".gitattributes", GITATTRIBUTES),
+        "README.md": make_file("README.md", readme.encode()),
+        "data/train-00000-of-00001.parquet": make_file("data/train-00000-of-00001.parquet", _parquet(train), lfs=True),
+        "data/test-00000-of-00001.parquet": make_file("data/test-00000-of-00001.parquet", _parquet(test), lfs=True),
+    }, "init")
+    repo.branches["main"] = commit.sha
+    convert = repo.add_commit({
+        ".gitattributes": make_file(".gitattributes", GITATTRIBUTES),
+        "default/train/0000.parquet": make_file("default/train/0000.parquet", _parquet(train, hf_meta=True),
+                                                lfs=True),
+        "default/test/0000.parquet": make_file("default/test/0000.parquet", _parquet(test, hf_meta=True), lfs=True),
+    }, "Update parquet files")
+    repo.converts["parquet"] = convert.sha
+    return repo
+
+
 def _jsonl(rows: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
@@ -338,30 +365,12 @@ def build_repos(workdir: Path, big_file_size: int, huge_file_size: int = 0) -> d
         }, "init")
         repo.branches["main"] = commit.sha
 
-    # Datasets: parquet under data/ with a README, jsonl at the root without one.
-    parquet = add(Repo("dataset", "acme/tiny-parquet"))
-    readme = ("---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: data/train-*\n"
-              "  - split: test\n    path: data/test-*\n---\n# tiny-parquet\n")
-    commit = parquet.add_commit({
-        ".gitattributes": make_file(".gitattributes", GITATTRIBUTES),
-        "README.md": make_file("README.md", readme.encode()),
-        "data/train-00000-of-00001.parquet": make_file("data/train-00000-of-00001.parquet", _parquet(_rows(200, 1)),
-                                                       lfs=True),
-        "data/test-00000-of-00001.parquet": make_file("data/test-00000-of-00001.parquet", _parquet(_rows(50, 2)),
-                                                      lfs=True),
-    }, "init")
-    parquet.branches["main"] = commit.sha
-    # The Hub's parquet conversion of it (issue 20): refs/convert/parquet, {config}/{split}/NNNN.parquet, with the
-    # `huggingface` schema metadata that datasets writes.
-    convert = parquet.add_commit({
-        ".gitattributes": make_file(".gitattributes", GITATTRIBUTES),
-        "default/train/0000.parquet": make_file("default/train/0000.parquet", _parquet(_rows(200, 1), hf_meta=True),
-                                                lfs=True),
-        "default/test/0000.parquet": make_file("default/test/0000.parquet", _parquet(_rows(50, 2), hf_meta=True),
-                                               lfs=True),
-    }, "Update parquet files")
-    parquet.converts["parquet"] = convert.sha
+    # Datasets: parquet under data/ with a README (and the Hub's parquet conversion of it), jsonl at the root
+    # without one; the same parquet layout private and gated, for the viewer's access rules.
+    parquet = add(_parquet_dataset("acme/tiny-parquet", 200, 50, seed=1))
     parquet.hub_tags[:] = ["format:parquet", "modality:tabular", "license:mit"]
+    add(_parquet_dataset("acme/private-parquet", 40, 12, seed=5, private=True))
+    add(_parquet_dataset("acme/gated-parquet", 36, 10, seed=7, gated=True))
     jsonl = add(Repo("dataset", "acme/tiny-jsonl"))
     commit = jsonl.add_commit({"train.jsonl": make_file("train.jsonl", _jsonl(_rows(30, 3))),
                                "test.jsonl": make_file("test.jsonl", _jsonl(_rows(10, 4)))}, "init")
@@ -392,6 +401,8 @@ class Fixtures:
     def __init__(self, workdir: Path, big_file_size: int, huge_file_size: int = 0) -> None:
         self.repos = build_repos(workdir, big_file_size, huge_file_size)
         self.rows = {("acme/tiny-parquet", "train"): 200, ("acme/tiny-parquet", "test"): 50,
+                     ("acme/private-parquet", "train"): 40, ("acme/private-parquet", "test"): 12,
+                     ("acme/gated-parquet", "train"): 36, ("acme/gated-parquet", "test"): 10,
                      ("acme/tiny-jsonl", "train"): 30, ("acme/tiny-jsonl", "test"): 10}
 
     def repo(self, repo_type: str, repo_id: str) -> Repo:

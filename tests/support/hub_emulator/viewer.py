@@ -2,7 +2,9 @@
 routes, answered from a dataset's ``refs/convert/parquet`` branch, as the real services answer them.
 
 ``/info`` carries ``X-Revision`` (the commit ``main`` is at) and ``partial: false, pending: [], failed: []``: exactly
-what ``datasets`` accepts. Datasets without a conversion answer 404 ``ResponseNotFound``, as the viewer does.
+what ``datasets`` accepts. Datasets without a conversion answer 404 ``ResponseNotFound``, as the viewer does; a
+dataset the caller may not read (private, gated, missing) answers what the viewer's auth check answers (its
+``libapi``): 401 ``ExternalUnauthenticatedError`` without a valid token, 404 ``ExternalAuthenticatedError`` with one.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from urllib.parse import quote
 from tests.support.hub_emulator.fixtures import Commit, Repo
 
 ENDPOINTS = ("info", "splits", "parquet", "size", "is-valid")
+UNAUTHENTICATED = ("The dataset does not exist, or is not accessible without authentication (private or gated). Please"
+                   " check the spelling of the dataset name or retry with authentication.")
+AUTHENTICATED = ("The dataset does not exist, or is not accessible with the current credentials (private or gated)."
+                 " Please check the spelling of the dataset name or retry with other authentication credentials.")
 
 
 class ViewerAnswer(Exception):
