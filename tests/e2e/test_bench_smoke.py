@@ -46,3 +46,17 @@ def test_wan_small(tmp_path: Path) -> None:
     rows = {row["measure"]: row for r in json.loads(out.read_text())["reports"] for row in r["rows"]}
     assert rows["upstream bytes per file byte"]["mirror"] <= 1.05
     assert rows["throughput"]["mirror"] > 0 and rows["wall time"]["mirror"] > 0
+
+
+def test_cold_only_and_cpu_small(tmp_path: Path) -> None:
+    out = tmp_path / "fill.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.fill", "--size", "8M", "--runs", "1", "--cold-only",
+                           "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {row["measure"]: row for r in json.loads(out.read_text())["reports"] for row in r["rows"]}
+    assert rows["throughput"]["mirror"] > 0 and len(rows["throughput"]["mirror_runs"]) == 1
+    assert "upstream fetches" not in rows  # no herd in --cold-only
+    proc = subprocess.run([sys.executable, "-m", "bench.cpu", "--size", "8M", "--runs", "1"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "mirror cpu_s" in proc.stdout and "sha256 here cpu_s" in proc.stdout
