@@ -20,14 +20,13 @@ from tests.e2e.test_sync import (
     MODEL,
     PARQUET,
     Hub,
-    blob_path,
     blobs_in,
     cli,
     run_emulator,
     sync_cmd,
     write_manifest,
 )
-from tests.support.mirror_proc import MirrorProcess, run_client
+from tests.support.mirror_proc import MirrorProcess, blob, run_client
 
 OTHER = "acme/big-data"  # the unpinned repo of the eviction test
 OTHER_SIZE = 2 * 1024 * 1024
@@ -113,22 +112,22 @@ def test_verify_finds_removes_and_sync_refetches_a_corrupt_blob(synced: Path, em
     lfs_etag = hub.files("model", MODEL, "main")["model.safetensors"][0]
     cfg_etag = hub.files("model", MODEL, "main")["config.json"][0]
     for etag in (lfs_etag, cfg_etag):  # one sha256 blob, one git-sha1 blob
-        path = blob_path(cache, etag)
+        path = blob(cache, etag)
         data = bytearray(path.read_bytes())
         data[len(data) // 2] ^= 0xFF
         path.write_bytes(bytes(data))
     kept = cli("cache", "verify", "--keep", "--cache-dir", str(cache))
     assert kept.returncode == 1 and lfs_etag in kept.stdout and cfg_etag in kept.stdout
-    assert blob_path(cache, lfs_etag).exists()
+    assert blob(cache, lfs_etag).exists()
     result = cli("cache", "verify", "--cache-dir", str(cache))
     assert result.returncode == 1, result.stdout
     assert "2 corrupt" in result.stdout and f"model:{MODEL}" in result.stdout
-    assert not blob_path(cache, lfs_etag).exists() and not blob_path(cache, cfg_etag).exists()
+    assert not blob(cache, lfs_etag).exists() and not blob(cache, cfg_etag).exists()
     assert cli("cache", "verify", "--cache-dir", str(cache)).returncode == 0
     manifest = write_manifest(tmp_path / "sync.toml", MANIFEST)
     again = cli(*sync_cmd(manifest, cache, emu.url))
     assert again.returncode == 0, again.stdout
-    assert sha(blob_path(cache, lfs_etag).read_bytes()) == lfs_etag
+    assert sha(blob(cache, lfs_etag).read_bytes()) == lfs_etag
 
 
 def test_a_blob_corrupted_on_disk_is_never_served_twice(synced: Path, emu: Any, hub: Hub, tmp_path: Path) -> None:
@@ -137,9 +136,9 @@ def test_a_blob_corrupted_on_disk_is_never_served_twice(synced: Path, emu: Any, 
     cache = copy_cache(synced, tmp_path)
     lfs_etag = hub.files("model", MODEL, "main")["model.safetensors"][0]
     cfg_etag = hub.files("model", MODEL, "main")["config.json"][0]
-    truncated = blob_path(cache, cfg_etag)
+    truncated = blob(cache, cfg_etag)
     truncated.write_bytes(truncated.read_bytes()[:-3])
-    flipped = blob_path(cache, lfs_etag)
+    flipped = blob(cache, lfs_etag)
     data = bytearray(flipped.read_bytes())
     data[len(data) // 2] ^= 0xFF
     flipped.write_bytes(bytes(data))
@@ -148,7 +147,7 @@ def test_a_blob_corrupted_on_disk_is_never_served_twice(synced: Path, emu: Any, 
         assert cfg.status_code == 200 and sha1_git(cfg.content) == cfg_etag  # never the short file
         httpx.get(f"{mirror.url}/{MODEL}/resolve/main/model.safetensors", timeout=30)  # maybe the bad bytes, once
         deadline = time.monotonic() + 20
-        while blob_path(cache, lfs_etag).exists() and sha(blob_path(cache, lfs_etag).read_bytes()) != lfs_etag:
+        while blob(cache, lfs_etag).exists() and sha(blob(cache, lfs_etag).read_bytes()) != lfs_etag:
             assert time.monotonic() < deadline, "the scrub did not catch the corrupt blob"
             time.sleep(0.2)
         again = httpx.get(f"{mirror.url}/{MODEL}/resolve/main/model.safetensors", timeout=30)
