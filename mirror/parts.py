@@ -93,7 +93,8 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     service = MirrorService(settings, index, store, upstream, fills, access, metrics, make_room=cache.make_room,
                             on_hit=scrubber.suspect if settings.scrub_rate else None)
     fills.on_commit.append(lambda spec: scrubber.verified(spec.etag))  # a fill verified it: no first-hit re-hash
-    fills.on_commit.append(lambda spec: cache.changed())  # the status page and /metrics count the new blob
+    # The status page and /metrics count the new blob at once.
+    fills.on_commit.append(lambda spec: cache.committed(spec.repo, spec.commit, spec.etag, spec.size))
     return Parts(settings, metrics, store, index, upstream, fills, access, cache, service, scrubber)
 
 

@@ -79,7 +79,7 @@ class CacheManager(UsageReports, Maintenance):
                 return GcReport(0, 0, total)
             pinned = self.index.pinned_repos()
             owners = await asyncio.to_thread(self.blob_repos)
-            evicted = freed = 0
+            gone: list[BlobInfo] = []
             for blob in sorted(blobs, key=lambda b: b.last_access):
                 if total <= limit:
                     break
@@ -87,11 +87,11 @@ class CacheManager(UsageReports, Maintenance):
                     continue
                 if await self.store.delete(blob.etag):
                     total -= blob.size
-                    freed += blob.size
-                    evicted += 1
+                    gone.append(blob)
                     self.metrics.evictions.inc()
-            if evicted:
-                self.changed()
+            evicted, freed = len(gone), sum(b.size for b in gone)
+            if gone:
+                self.evicted(gone, owners)
             if total > limit:
                 log.warning("cache is %d bytes, over the %d quota: the rest is pinned or in use", total, limit)
             self.metrics.cache_bytes.set(total)

@@ -1,10 +1,11 @@
 """What the cache holds, per repo, for the status page, ``/metrics`` and ``cache ls``: a usage snapshot taken off
-the event loop (one SQL pass over the index, a thread per blob shard), served stale while the next one is taken, and
-kept in the index so that a restart answers from the last one at once."""
+the event loop (one SQL pass over the index, a thread per blob shard), kept true between counts by a tally of each
+commit and eviction, and kept in the index so that a restart answers from the last one at once."""
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -102,6 +103,51 @@ class UsageReports:
     def changed(self) -> None:
         """The blobs changed (a commit, an eviction): the next answer of a small cache counts them again."""
         self._generation += 1
+
+    def committed(self, repo: RepoRef, commit: str, etag: str, size: int) -> None:
+        """A fill stored a new blob for ``repo``: the tally (totals, gauges, the repo's row) counts it at once, so a
+        large cache's figures do not wait for its next count (which replaces the tally with exact figures)."""
+        self.changed()
+        self.metrics.cache_bytes.inc(size)
+        self.metrics.cache_blobs.inc()
+        snap = self._snapshot
+        if snap is None:
+            return
+        key = (repo.type.value, repo.repo_id)
+        repos = list(snap.repos)
+        at = bisect.bisect_left(repos, key, key=lambda u: (u.type, u.repo_id))
+        now = time.time()
+        if at < len(repos) and (repos[at].type, repos[at].repo_id) == key:
+            u = repos[at]
+            commits = u.commits if commit in u.commits else tuple(sorted((*u.commits, commit)))
+            repos[at] = RepoUsage(u.type, u.repo_id, u.files + 1, u.bytes + size, commits, now, u.pinned)
+        else:
+            repos.insert(at, RepoUsage(key[0], key[1], 1, size, (commit,), now, False))
+        self._snapshot = UsageSnapshot(snap.taken_at, snap.total_bytes + size, snap.total_blobs + 1, tuple(repos))
+
+    def evicted(self, gone: list[BlobInfo], owners: dict[str, set[tuple[str, str]]]) -> None:
+        """Blobs were evicted (``owners``: etag -> the repos naming it): the tally drops them at once."""
+        self.changed()
+        snap = self._snapshot
+        if snap is None or not gone:
+            return
+        lost: dict[tuple[str, str], list[int]] = {}
+        for blob in gone:
+            for key in owners.get(blob.etag, ()):
+                record = lost.setdefault(key, [0, 0])
+                record[0] += 1
+                record[1] += blob.size
+        repos = []
+        for u in snap.repos:
+            files, size = lost.get((u.type, u.repo_id), (0, 0))
+            if files >= u.files:
+                continue  # none of its blobs left
+            if files:
+                u = RepoUsage(u.type, u.repo_id, u.files - files, u.bytes - size, u.commits, u.last_access, u.pinned)
+            repos.append(u)
+        freed = sum(b.size for b in gone)
+        self._snapshot = UsageSnapshot(snap.taken_at, max(0, snap.total_bytes - freed),
+                                       max(0, snap.total_blobs - len(gone)), tuple(repos))
 
     def _stored_snapshot(self) -> tuple[UsageSnapshot | None, float]:
         """The snapshot the last run kept in the index, and how long its count took."""
