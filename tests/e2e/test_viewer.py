@@ -32,7 +32,7 @@ import pytest
 from tests.support.client_venvs import datasets_venv
 from tests.support.hub_emulator.fixtures import DENIED_TOKEN, GOOD_TOKEN
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
-from tests.support.mirror_proc import MirrorProcess, run_client
+from tests.support.mirror_proc import MirrorProcess, run_client, wait_for
 
 DATASET = "acme/tiny-parquet"
 BRANCH = "refs%2Fconvert%2Fparquet"
@@ -186,7 +186,7 @@ def test_load_dataset_uses_the_mirrors_info(emulator: EmulatorHandle, tmp_path: 
         assert out["ids"] == {"train": train, "test": test}
         assert out["info_used"] is True and out["schema_reads"] == 0, out
         assert [r["path"] for r in _viewer_requests(emulator)] == [f"/info?dataset={DATASET.replace('/', '%2F')}"]
-        assert "/info 200" in mirror.log()
+        wait_for(lambda: "/info 200" in mirror.log(), timeout=10)  # access lines are flushed every 0.2 s
     # The viewer off: the same rows, inferred by the client (a schema read), and a fast 404 from the mirror.
     with _mirror(emulator, tmp_path / "cache-off", viewer="off") as mirror:
         emulator.reset_stats()
@@ -194,7 +194,7 @@ def test_load_dataset_uses_the_mirrors_info(emulator: EmulatorHandle, tmp_path: 
         assert out["ids"] == {"train": train, "test": test}
         assert out["info_used"] is False and out["schema_reads"] >= 1, out
         assert _viewer_requests(emulator) == []
-        assert "/info 404" in mirror.log()
+        wait_for(lambda: "/info 404" in mirror.log(), timeout=10)  # (flushed every 0.2 s)
 
 
 def test_offline_info_from_the_cached_parquet_footers(emulator: EmulatorHandle, tmp_path: Path,

@@ -102,13 +102,21 @@ def client_env(endpoint: str, hf_home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+# What pyarrow's dataset-scanner threads print when they abort the interpreter's teardown after a streamed parquet load
+# (SIGABRT; apache/arrow issue 45214, datasets issue 7566): a client-side crash after the work and its JSON line.
+_ARROW_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
 def run_client(code: str, endpoint: str, hf_home: Path, *, python: str = sys.executable, timeout: float = 120,
                **extra_env: str) -> object:
-    """Run client code in a fresh interpreter; the code prints one JSON document as its last stdout line."""
+    """Run client code in a fresh interpreter; the code prints one JSON document as its last stdout line. Only
+    pyarrow's known abort in the teardown after that line is let pass (an exception in the code still fails)."""
     hf_home.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([python, "-c", code], env=client_env(endpoint, hf_home, **extra_env), capture_output=True,
-                          text=True, timeout=timeout, cwd=hf_home)
-    if proc.returncode != 0:
+    proc = subprocess.run([python, "-c", code], env=client_env(endpoint, hf_home, **extra_env),
+                          capture_output=True, text=True, timeout=timeout, cwd=hf_home)
+    arrow_abort = (proc.returncode == -signal.SIGABRT and proc.stderr.strip().endswith(_ARROW_TEARDOWN_ABORT)
+                   and "Traceback" not in proc.stderr)
+    if proc.returncode != 0 and not (arrow_abort and proc.stdout.strip()):
         raise AssertionError(f"client failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
