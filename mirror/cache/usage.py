@@ -74,7 +74,9 @@ class UsageReports:
             self.prime()
             assert self._snapshot_task is not None
             if self._snapshot is None:
-                self._snapshot, self._stored_scan = await asyncio.to_thread(self._stored_snapshot)
+                stored, stored_scan = await asyncio.to_thread(self._stored_snapshot)
+                if self._snapshot is None:  # this run's count may have ended during that read: it wins
+                    self._snapshot, self._stored_scan = stored, stored_scan
             if self._snapshot is not None and self._stored_scan > _QUICK_SCAN:
                 return self._snapshot  # a large cache: the last run's count, while this run's is taken
             try:
