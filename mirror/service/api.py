@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from mirror import hf
 from mirror.access import Caller
@@ -51,6 +51,8 @@ class ApiService(ServiceCore):
             return ApiResult(cached.status, cached.headers, cached.body, _HIT)
         if self.settings.offline:
             raise OfflineMiss(f"{raw_path} is not cached and the mirror is offline")
+        if commit is None and revision and route in ("tree", "paths-info") and self.xet is not None:
+            commit = await self._listing_commit(target, caller)
         upstream_path = raw_path + (f"?{urlencode(query)}" if query else "")
         try:
             response = await self.upstream.api("POST" if form is not None else "GET", upstream_path, caller.token,
@@ -87,6 +89,20 @@ class ApiService(ServiceCore):
         self.access.record_public(target.repo, "meta", caller.token)
         self.access.record_allowed(target.repo, "meta", caller.token)
         return ApiResult(entry.status, entry.headers, entry.body, _MISS)
+
+    async def _listing_commit(self, target: hf.ApiTarget, caller: Caller) -> str | None:
+        """The commit a branch's listing is of, asked first when not known: upstream's Xet hashes are learned (and
+        put back on the listing) per commit, so that a cold ``HfFileSystem`` (which lists a branch before anything
+        names its commit) still takes the Xet path, as files over 50 GB need. ``None`` when upstream will not say:
+        the listing then goes out without Xet hashes, as before."""
+        assert target.revision is not None
+        revision = hf.ApiTarget(target.repo, "revision", target.revision, "")
+        raw_path = f"{target.repo.api_path()}/revision/{quote(target.revision, safe='')}"
+        try:
+            await self.api(revision, "GET", raw_path, [], None, caller)
+        except MirrorError:
+            return None
+        return self._known_commit(target.repo, target.revision, fresh=True)
 
     async def _stale_api(self, target: hf.ApiTarget, caller: Caller, cached: ApiEntry | None,
                          cause: MirrorError) -> ApiResult:

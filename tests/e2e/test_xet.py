@@ -304,6 +304,24 @@ print(json.dumps(dict(cli=sha("cli/big.bin"), get=sha("fs.bin"), part=part)))
                    "get": sha256(weights), "part": sha256(weights[1000:6000])}
 
 
+def test_hffilesystem_on_a_cold_mirror_takes_xet(emulator, tmp_path):
+    """``HfFileSystem`` lists a branch before anything names its commit: on a mirror that has seen nothing of the
+    repo, the listing still carries upstream's Xet hash (the mirror asks for the branch's commit first), so
+    ``get_file`` takes the Xet path, which files over 50 GB need (plain HTTP refuses them)."""
+    code = """
+import json, hashlib
+from huggingface_hub import HfFileSystem
+fs = HfFileSystem()
+info = fs.info("datasets/acme/big-data/big.bin")
+fs.get_file("datasets/acme/big-data/big.bin", "big.bin")
+print(json.dumps(dict(xet=info.get("xet_hash"), sha=hashlib.sha256(open("big.bin", "rb").read()).hexdigest())))
+"""
+    with MirrorProcess(emulator.url, tmp_path / "cache") as cold, xet_path_taken(emulator, cold):
+        out = run_client(code, cold.url, tmp_path / "home", **XET_ON)
+    assert out == {"xet": xet_hash(emulator, "dataset", "acme/big-data", "big.bin"),
+                   "sha": sha256(emulator.files.file_bytes("dataset", "acme/big-data", "main", "big.bin"))}
+
+
 def test_datasets_over_xet(emulator, xet_mirror, tmp_path):
     code = """
 import json
