@@ -99,6 +99,10 @@ class FillManager:
         if self.store.cached_path(spec.etag) is not None:
             return None
         fill = Fill(spec, self.store.partial_path(spec.etag))
+        settings = self.upstream.settings
+        if settings.parallel_fill_threshold and spec.size >= settings.parallel_fill_threshold \
+                and settings.fill_connections > 1:
+            fill.windowed = None  # windows, if this process leads the fill (known once it holds the lease)
         self._fills[spec.etag] = fill
         fill.task = asyncio.create_task(self._drive(fill), name=f"fill:{spec.etag[:12]}")
         return fill
@@ -156,7 +160,7 @@ class FillManager:
         await fill.wait_beyond(position)
         if fill.error is not None:
             raise fill.error
-        return fill.readable_end()
+        return fill.readable_at(position)
 
     def _open_partial_or_blob(self, fill: Fill) -> int | None:
         for path in (fill.source, fill.committed):
@@ -178,6 +182,7 @@ class FillManager:
         try:
             while True:
                 if await self.store.stat(spec.etag) is not None:
+                    fill.windowed = False  # a copy of a committed blob, in order
                     fill.finish(await self._follower.local_copy(fill, copy))
                     break
                 fill.source = fill.partial
@@ -188,6 +193,7 @@ class FillManager:
                     finally:
                         await self.store.release_lease(spec.etag, self.owner)
                     break
+                fill.windowed = False  # another process or node fills it: its contiguous prefix is what we see
                 await self._follower.follow(fill, copy)
             self.metrics.fills.labels(result="ok").inc()
             for callback in self.on_commit:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,14 @@ class Fill:
         self.task: asyncio.Task[None] | None = None
         self.peer_token = secrets.token_urlsafe(24)  # published in our lease: opens this fill to the other nodes
         self.leading = False  # this process holds the lease and downloads
+        # Whether the bytes come in windows this process fetches (mirror.fill.windows): None until the fill knows,
+        # False for one stream or a copy another process or node makes. While True, ``run_end`` tells how far the
+        # bytes from an offset are on disk, and ``want`` asks for an offset's window next; ``wanted`` keeps the
+        # offsets readers waited for before the windows began.
+        self.windowed: bool | None = False
+        self.run_end: Callable[[int], int] | None = None
+        self.want: Callable[[int], None] | None = None
+        self.wanted: set[int] = set()
         self._progress = asyncio.Event()
 
     @property
@@ -62,6 +71,10 @@ class Fill:
         self.source = file
         self.advance(written)
 
+    def progress(self) -> None:
+        """Bytes were written somewhere past the contiguous prefix (a window ahead of it)."""
+        self._wake()
+
     def verify(self) -> None:
         self.verified = True
         self._wake()
@@ -75,9 +88,25 @@ class Fill:
         await self._progress.wait()
 
     async def wait_beyond(self, offset: int) -> None:
-        """Return once more than ``offset`` bytes are readable, or the fill has finished."""
-        while self.readable_end() <= offset and not self.finished:
+        """Return once byte ``offset`` is readable (see :meth:`readable_at`), or the fill has finished; a byte in a
+        window not yet begun asks for that window next."""
+        asked = False
+        while self.readable_at(offset) <= offset and not self.finished:
+            if not asked and offset < self.spec.size:
+                asked = True
+                self.wanted.add(offset)
+                if self.want is not None:
+                    self.want(offset)
             await self._progress.wait()
+
+    def readable_at(self, position: int) -> int:
+        """The end (exclusive) of the bytes from ``position`` a reader may take now; ``<= position``: none yet. The
+        contiguous prefix, or, past it, the bytes a window has on disk from there (never the last byte before the
+        whole file is verified)."""
+        end = self.readable_end()
+        if position < end or self.run_end is None:
+            return end
+        return min(self.run_end(position), self.spec.size - 1)
 
     def readable_end(self) -> int:
         """Bytes a reader may take: all once verified; before, all but the last, which waits for verification.

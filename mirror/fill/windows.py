@@ -7,7 +7,10 @@ its own after a drop (from the byte it reached) or an expired signed URL (the fi
 CDN URL, shared by every window). Each upstream byte is fetched once.
 
 Readers are told how far the bytes are contiguous on disk (``fill.advance``) as soon as a window's bytes join the
-prefix; a hasher task hashes the prefix in order from the page cache. The rules of the single stream hold: the last
+prefix, and may read a window ahead of the prefix as its bytes land (``fill.run_end``); a reader waiting for a window
+not yet begun has it fetched next (``fill.want``), so a Range far ahead (a Xet client's parallel ranges) waits
+seconds, not for the whole prefix, and no byte is fetched twice. A hasher task hashes the prefix in order from the
+page cache. The rules of the single stream hold: the last
 byte is readable only once the whole file is verified, and nothing is committed unverified (:mod:`download`).
 """
 
@@ -27,7 +30,7 @@ from mirror.fill.copy import write_prefix
 from mirror.fill.state import Fill
 from mirror.integrity import BlobHasher
 from mirror.metrics import Metrics
-from mirror.upstream import BulkBody, RateLimit, UpstreamClient, UrlExpired
+from mirror.upstream import BulkBody, RangeIgnored, RateLimit, UpstreamClient, UrlExpired
 
 log = logging.getLogger("hf_mirror.fill")
 
@@ -44,6 +47,7 @@ class Window:
     start: int
     end: int  # exclusive
     done: int  # bytes ``start..done`` are on disk
+    started: bool = False  # a worker has taken it
 
     @property
     def complete(self) -> bool:
@@ -61,6 +65,8 @@ class WindowedFill:
         self.chunk_size = chunk_size
         self.cdn_url = cdn_url  # the newest signed URL any window got; None: ask the Hub (it redirects)
         self.windows = [Window(s, min(s + window, self.size), s) for s in range(offset, self.size, window)]
+        self.base, self.window_size = offset, window
+        self._wanted: set[int] = set()  # windows a reader waits for, taken before the next in order
         self.contiguous = offset  # bytes on disk without a hole
         self.hashed = offset  # bytes hashed, in order
         self._next = 0
@@ -71,6 +77,10 @@ class WindowedFill:
     async def run(self) -> None:
         """Fetch every window and hash the file; raises the first failure (every worker stopped by then)."""
         write_prefix(self.fill.partial, self.contiguous)
+        fill = self.fill
+        fill.run_end, fill.want, fill.windowed = self.run_end, self.want, True
+        for offset in fill.wanted:
+            self.want(offset)
         loop = asyncio.get_running_loop()
         workers = [loop.create_task(self._worker()) for _ in range(min(self.connections, len(self.windows)))]
         hashing = loop.create_task(self._hash())
@@ -81,17 +91,54 @@ class WindowedFill:
                 if task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
             await hashing
+        except RangeIgnored:
+            fill.run_end, fill.want, fill.windowed = None, None, False  # one stream from the hashed prefix now
+            raise
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks)
 
-    # --- windows -------------------------------------------------------------------------------------------------
+    def run_end(self, position: int) -> int:
+        """How far the bytes from ``position`` are on disk without a hole (``position`` itself: not yet)."""
+        if position < self.base:
+            return self.contiguous
+        index = (position - self.base) // self.window_size
+        end = position
+        for window in self.windows[index:]:
+            if window.done <= end:
+                break
+            end = window.done
+            if not window.complete:
+                break
+        return max(end, position)
 
-    async def _worker(self) -> None:
+    def want(self, position: int) -> None:
+        """A reader waits for ``position``: its window goes next if no worker has taken it."""
+        if position >= self.base:
+            index = (position - self.base) // self.window_size
+            if index < len(self.windows) and not self.windows[index].started:
+                self._wanted.add(index)
+
+    def _take(self) -> Window | None:
+        while self._wanted:
+            index = min(self._wanted)
+            self._wanted.discard(index)
+            if not self.windows[index].started:
+                self.windows[index].started = True
+                return self.windows[index]
         while self._next < len(self.windows):
             window = self.windows[self._next]
             self._next += 1
+            if not window.started:
+                window.started = True
+                return window
+        return None
+
+    # --- windows -------------------------------------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while (window := self._take()) is not None:
             await self._fetch(window)
 
     async def _fetch(self, window: Window) -> None:
@@ -187,6 +234,8 @@ class WindowedFill:
                 write_prefix(self.fill.partial, contiguous)
             self.fill.advance(contiguous)
             self._more.set()
+        else:
+            self.fill.progress()  # bytes of a window ahead of the prefix: a reader there may take them
 
     # --- hashing -------------------------------------------------------------------------------------------------
 

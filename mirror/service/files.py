@@ -153,8 +153,9 @@ class FileService(ServiceCore):
             if path is not None:
                 return Cached(str(path), _STALE if stale else _HIT)
             return Relay(resolved, caller.token, start, end, _STALE if stale else _PASSTHROUGH)
-        if start > fill.written + RANGE_RELAY_GAP and not self.settings.offline:
-            # A Range far beyond what the fill has: relay it from upstream while the fill goes on.
+        if start > fill.written + RANGE_RELAY_GAP and fill.windowed is False and not self.settings.offline:
+            # A Range far beyond what a single-stream fill (or another process's) has: relay it from upstream while
+            # the fill goes on. A fill in windows fetches that Range's window next instead: each byte once.
             return Relay(resolved, caller.token, start, end, _STALE if stale else _MISS)
         # A fill already verified (its commit's fsync still running) needs nothing more from upstream: a hit.
         return Filling(fill, _STALE if stale else _HIT if fill.verified else _MISS)

@@ -67,6 +67,25 @@ def test_windows_fill_the_file_once(emu: EmulatorHandle, tmp_path: Path) -> None
     assert not list((cache / "partials").glob("*.prefix"))
 
 
+def test_a_far_range_has_its_window_fetched_next(emu: EmulatorHandle, tmp_path: Path) -> None:
+    """A Range far ahead of a windowed fill (a Xet client's parallel ranges do this) is neither relayed from upstream
+    (each byte is fetched once) nor kept waiting for the whole prefix: its window is the next one a worker takes,
+    and its bytes are sent as that window lands."""
+    emu.set_faults(throttle_bps=8e6)  # per response: one 4 MiB window takes ~0.5 s
+    start = SIZE - WINDOW + 1000  # in the last window, short of the file's last byte (that one waits for the hash)
+    cache = tmp_path / "cache"
+    with MirrorProcess(emu.url, cache, *PARALLEL) as mirror:
+        tail = httpx.get(mirror.url + BIG_URL, headers={"range": f"bytes={start}-{start + 999}"}, timeout=30)
+        assert tail.status_code == 206
+        assert tail.content == emu.files.file_bytes("dataset", BIG, "main", "big.bin")[start:start + 1000]
+        wait_for(lambda: blob(cache, big_sha(emu)).exists(), timeout=30)
+    gets = cdn_gets(emu)
+    assert ranges(gets) == [(i * WINDOW, (i + 1) * WINDOW) for i in range(WINDOWS)]  # no relay: one GET per window
+    assert emu.stats()["bytes_served"] == SIZE
+    first_taken = {int((r["range"] or "").removeprefix("bytes=").partition("-")[0]) // WINDOW for r in gets[:3]}
+    assert WINDOWS - 1 in first_taken, [r["range"] for r in gets]  # the last window among the first three
+
+
 def test_a_small_file_is_one_stream(emu: EmulatorHandle, tmp_path: Path) -> None:
     with MirrorProcess(emu.url, tmp_path / "cache", "--parallel-fill-threshold", "64MiB") as mirror:
         status, sha, _, _ = asyncio.run(download(mirror.url + BIG_URL))

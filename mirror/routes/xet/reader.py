@@ -47,8 +47,12 @@ class SourceReader:
             self._contexts.append(context)
 
             async def read_fill(a: int, b: int) -> bytes:
-                if b > a and await FillManager.readable(fill, b - 1) < b:  # waits for these bytes only
-                    raise OSError("the fill ended before these bytes")
+                position = a
+                while position < b:  # waits for these bytes only (a window ahead of the prefix is enough)
+                    readable = await FillManager.readable(fill, position)
+                    if readable <= position:
+                        raise OSError("the fill ended before these bytes")
+                    position = readable
                 data = await loop.run_in_executor(None, os.pread, fd, b - a, a)
                 if len(data) != b - a:
                     raise OSError("fill file shorter than announced")
