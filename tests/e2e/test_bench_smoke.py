@@ -60,3 +60,13 @@ def test_cold_only_and_cpu_small(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "mirror cpu_s" in proc.stdout and "sha256 here cpu_s" in proc.stdout
+
+
+def test_huge_small(tmp_path: Path) -> None:
+    out = tmp_path / "huge.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.huge", "--size", "96M", "--workdir", str(tmp_path),
+                           "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["xorb_requests"] > 0 and meta["blob_bytes_on_disk"] == 96 * 2**20
+    assert meta["upstream_bytes_per_file_byte"] == 1.0  # windows, no relays: each byte once

@@ -428,6 +428,7 @@ def test_file_over_50_gb(tmp_path):
     if free < need:
         pytest.skip(f"a file over 50 GB needs {need / 2**30:.0f} GiB free under {tmp_path} (the mirror's blob and "
                     f"the client's copy), only {free / 2**30:.0f} GiB here; test_file_over_the_http_limit_needs_xet "
-                    f"proves the same path with a smaller file")
+                    f"proves the same path with a smaller file, and `python -m bench.huge` runs this one with "
+                    f"the client writing to /dev/null (docs/benchmarks.md)")
     out = huge_through_the_mirror(tmp_path, OVER_50GB, 50 * 10**9, sys.executable, "2.x")
     assert out["size"] > 50 * 10**9
