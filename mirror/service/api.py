@@ -52,7 +52,10 @@ class ApiService(ServiceCore):
         if self.settings.offline:
             raise OfflineMiss(f"{raw_path} is not cached and the mirror is offline")
         if commit is None and revision and route in ("tree", "paths-info") and self.xet is not None:
-            commit = await self._listing_commit(target, caller)
+            try:
+                commit = await self._listing_commit(target, caller)
+            except UpstreamUnavailable as exc:  # one wait for a dead upstream, not two
+                return await self._stale_api(target, caller, cached, exc)
         upstream_path = raw_path + (f"?{urlencode(query)}" if query else "")
         try:
             response = await self.upstream.api("POST" if form is not None else "GET", upstream_path, caller.token,
@@ -99,9 +102,13 @@ class ApiService(ServiceCore):
         revision = hf.ApiTarget(target.repo, "revision", target.revision, "")
         raw_path = f"{target.repo.api_path()}/revision/{quote(target.revision, safe='')}"
         try:
-            await self.api(revision, "GET", raw_path, [], None, caller)
+            answer = await self.api(revision, "GET", raw_path, [], None, caller)
+        except UpstreamUnavailable:
+            raise
         except MirrorError:
-            return None
+            return None  # upstream refused the revision: the listing's own answer will say why
+        if answer.outcome is _STALE:
+            raise UpstreamUnavailable(f"upstream did not answer for {target.repo.key}@{target.revision}")
         return self._known_commit(target.repo, target.revision, fresh=True)
 
     async def _stale_api(self, target: hf.ApiTarget, caller: Caller, cached: ApiEntry | None,
