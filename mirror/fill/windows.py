@@ -10,8 +10,8 @@ Readers are told how far the bytes are contiguous on disk (``fill.advance``) as 
 prefix, and may read a window ahead of the prefix as its bytes land (``fill.run_end``); a reader waiting for a window
 not yet begun has it fetched next (``fill.want``), so a Range far ahead (a Xet client's parallel ranges) waits
 seconds, not for the whole prefix, and no byte is fetched twice. A hasher task hashes the prefix in order from the
-page cache. The rules of the single stream hold: the last
-byte is readable only once the whole file is verified, and nothing is committed unverified (:mod:`download`).
+page cache. The rules of the single stream hold: the last byte is readable only once the whole file is verified, and
+nothing is committed unverified (:mod:`download`).
 """
 
 from __future__ import annotations
@@ -99,6 +99,8 @@ class WindowedFill:
                 task.cancel()
             await asyncio.wait(tasks)
 
+    # --- windows -------------------------------------------------------------------------------------------------
+
     def run_end(self, position: int) -> int:
         """How far the bytes from ``position`` are on disk without a hole (``position`` itself: not yet)."""
         if position < self.base:
@@ -134,8 +136,6 @@ class WindowedFill:
                 window.started = True
                 return window
         return None
-
-    # --- windows -------------------------------------------------------------------------------------------------
 
     async def _worker(self) -> None:
         while (window := self._take()) is not None:
