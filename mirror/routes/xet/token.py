@@ -46,6 +46,11 @@ class XetTokenRoute:
         if target.sub not in ("tree", "paths-info") or result.status != 200 or b'"lfs"' not in result.body:
             return result
         commit = self._commit(target.repo, target.revision)
+        if commit is None and target.revision and (result.outcome is Outcome.STALE or self.settings.offline):
+            # A listing served from the cache (upstream down, or offline) is of the commit the ref last named: the
+            # token route resolves the branch the same way, so the hint stays one the mirror can serve.
+            ref = self.service.index.get_ref(target.repo, target.revision)
+            commit = ref.commit if ref else None
         if commit is None:
             return result
         try:
