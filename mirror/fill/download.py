@@ -41,7 +41,10 @@ async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metri
             log.info("resuming fill of %s at byte %d of %d", spec.path, offset, spec.size)
         cdn_url = spec.cdn_url
         threshold = settings.parallel_fill_threshold
-        if threshold and spec.size >= threshold and settings.fill_connections > 1 and offset < spec.size:
+        windowed = bool(threshold and spec.size >= threshold and settings.fill_connections > 1 and offset < spec.size)
+        if not windowed:
+            fill.windowed = False  # one stream (or nothing left to fetch)
+        else:
             windows = WindowedFill(fill, fd, hasher, offset, upstream, metrics, connections=settings.fill_connections,
                                    window=settings.fill_window, chunk_size=chunk_size, cdn_url=cdn_url)
             try:

@@ -46,11 +46,33 @@ class Fill:
         # False for one stream or a copy another process or node makes. While True, ``run_end`` tells how far the
         # bytes from an offset are on disk, and ``want`` asks for an offset's window next; ``wanted`` keeps the
         # offsets readers waited for before the windows began.
-        self.windowed: bool | None = False
+        self._windowed: bool | None = False
+        self._decided = asyncio.Event()
+        self._decided.set()
         self.run_end: Callable[[int], int] | None = None
         self.want: Callable[[int], None] | None = None
         self.wanted: set[int] = set()
         self._progress = asyncio.Event()
+
+    @property
+    def windowed(self) -> bool | None:
+        return self._windowed
+
+    @windowed.setter
+    def windowed(self, value: bool | None) -> None:
+        self._windowed = value
+        if value is None:
+            self._decided.clear()
+        else:
+            self._decided.set()
+
+    async def decided(self, timeout: float) -> bool | None:
+        """Whether the fill comes in windows, once it knows (at most ``timeout`` seconds: then still ``None``)."""
+        try:
+            await asyncio.wait_for(self._decided.wait(), timeout)
+        except TimeoutError:
+            pass
+        return self._windowed
 
     @property
     def finished(self) -> bool:
@@ -62,6 +84,7 @@ class Fill:
 
     def finish(self, committed: Path | None, error: BaseException | None = None) -> None:
         self.committed, self.error = committed, error
+        self._decided.set()  # nothing more to decide: a far Range waiting on it goes on
         if committed is not None:
             self.written = self.spec.size
         self._wake()
@@ -92,12 +115,17 @@ class Fill:
         window not yet begun asks for that window next."""
         asked = False
         while self.readable_at(offset) <= offset and not self.finished:
-            if not asked and offset < self.spec.size:
+            if not asked:
                 asked = True
-                self.wanted.add(offset)
-                if self.want is not None:
-                    self.want(offset)
+                self.ask(offset)
             await self._progress.wait()
+
+    def ask(self, offset: int) -> None:
+        """A reader needs byte ``offset``: a fill in windows takes its window next (before the windows begin too)."""
+        if offset < self.spec.size:
+            self.wanted.add(offset)
+            if self.want is not None:
+                self.want(offset)
 
     def readable_at(self, position: int) -> int:
         """The end (exclusive) of the bytes from ``position`` a reader may take now; ``<= position``: none yet. The

@@ -30,6 +30,9 @@ log = logging.getLogger("hf_mirror.service")
 
 # A Range starting this far past the bytes a fill has written is relayed from upstream instead of waiting for them.
 RANGE_RELAY_GAP = 16 * 1024 * 1024
+# How long a far Range waits for a new fill to know whether it fetches windows itself (it holds the lease) or
+# follows another process (then the Range is relayed: that process's prefix does not jump to it).
+_DECISION_WAIT = 2.0
 # How long an access probe's answer stays shared after it ends (see _check_content_access).
 _PROBE_LINGER = 1.0
 
@@ -153,10 +156,13 @@ class FileService(ServiceCore):
             if path is not None:
                 return Cached(str(path), _STALE if stale else _HIT)
             return Relay(resolved, caller.token, start, end, _STALE if stale else _PASSTHROUGH)
-        if start > fill.written + RANGE_RELAY_GAP and fill.windowed is False and not self.settings.offline:
-            # A Range far beyond what a single-stream fill (or another process's) has: relay it from upstream while
-            # the fill goes on. A fill in windows fetches that Range's window next instead: each byte once.
-            return Relay(resolved, caller.token, start, end, _STALE if stale else _MISS)
+        if start > fill.written + RANGE_RELAY_GAP and not self.settings.offline:
+            # A Range far beyond what the fill has. A fill in windows fetches that Range's window next: each byte
+            # once. A single-stream fill (or another process's, whose prefix will not jump to it) has it relayed from
+            # upstream while the fill goes on.
+            fill.ask(start)
+            if await fill.decided(_DECISION_WAIT) is not True:
+                return Relay(resolved, caller.token, start, end, _STALE if stale else _MISS)
         # A fill already verified (its commit's fsync still running) needs nothing more from upstream: a hit.
         return Filling(fill, _STALE if stale else _HIT if fill.verified else _MISS)
 
