@@ -13,7 +13,7 @@ import os
 from mirror.errors import IntegrityError, UpstreamUnavailable
 from mirror.fill.copy import Cursor, prefix_path, pump, resume_offset
 from mirror.fill.state import Fill
-from mirror.fill.windows import WindowedFill
+from mirror.fill.windows import WindowedFill, in_windows
 from mirror.integrity import BlobHasher
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobStore
@@ -40,9 +40,7 @@ async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metri
         if offset:
             log.info("resuming fill of %s at byte %d of %d", spec.path, offset, spec.size)
         cdn_url = spec.cdn_url
-        threshold = settings.parallel_fill_threshold
-        windowed = bool(threshold and spec.size >= threshold and settings.fill_connections > 1 and offset < spec.size)
-        if not windowed:
+        if not (in_windows(settings, spec.size) and offset < spec.size):
             fill.windowed = False  # one stream (or nothing left to fetch)
         else:
             windows = WindowedFill(fill, fd, hasher, offset, upstream, metrics, connections=settings.fill_connections,

@@ -28,6 +28,7 @@ from mirror.errors import MirrorError, UpstreamUnavailable
 from mirror.fill.download import download
 from mirror.fill.peer import Follower, PeerCopy
 from mirror.fill.state import Fill, FillSpec
+from mirror.fill.windows import in_windows
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobStore, PeerAddress
 from mirror.upstream import UpstreamClient
@@ -99,9 +100,7 @@ class FillManager:
         if self.store.cached_path(spec.etag) is not None:
             return None
         fill = Fill(spec, self.store.partial_path(spec.etag))
-        settings = self.upstream.settings
-        if settings.parallel_fill_threshold and spec.size >= settings.parallel_fill_threshold \
-                and settings.fill_connections > 1:
+        if in_windows(self.upstream.settings, spec.size):
             fill.windowed = None  # windows, if this process leads the fill (known once it holds the lease)
         self._fills[spec.etag] = fill
         fill.task = asyncio.create_task(self._drive(fill), name=f"fill:{spec.etag[:12]}")

@@ -123,9 +123,10 @@ class Fill:
     def ask(self, offset: int) -> None:
         """A reader needs byte ``offset``: a fill in windows takes its window next (before the windows begin too)."""
         if offset < self.spec.size:
-            self.wanted.add(offset)
             if self.want is not None:
                 self.want(offset)
+            else:
+                self.wanted.add(offset)
 
     def readable_at(self, position: int) -> int:
         """The end (exclusive) of the bytes from ``position`` a reader may take now; ``<= position``: none yet. The

@@ -25,6 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from mirror.config import Settings
 from mirror.errors import IntegrityError, UpstreamUnavailable
 from mirror.fill.copy import write_prefix
 from mirror.fill.state import Fill
@@ -40,6 +41,12 @@ _REPORT_SECONDS = 0.01  # a window's bytes reach readers at least this often ...
 _REPORT_BYTES = 4 * 1024 * 1024  # ... or every this many bytes
 _PREFIX_FILE_SECONDS = 0.05  # the prefix file (cross-process followers, resume) is rewritten at most this often
 _MAX_ATTEMPTS_WITHOUT_PROGRESS = 6
+
+
+def in_windows(settings: Settings, size: int) -> bool:
+    """Whether a file of ``size`` bytes is fetched in windows (``parallel_fill_threshold``, ``fill_connections``)."""
+    threshold = settings.parallel_fill_threshold
+    return bool(threshold and size >= threshold and settings.fill_connections > 1)
 
 
 @dataclass
@@ -79,8 +86,9 @@ class WindowedFill:
         write_prefix(self.fill.partial, self.contiguous)
         fill = self.fill
         fill.run_end, fill.want, fill.windowed = self.run_end, self.want, True
-        for offset in fill.wanted:
+        for offset in fill.wanted:  # asked before the windows began
             self.want(offset)
+        fill.wanted.clear()
         loop = asyncio.get_running_loop()
         workers = [loop.create_task(self._worker()) for _ in range(min(self.connections, len(self.windows)))]
         hashing = loop.create_task(self._hash())
