@@ -138,6 +138,12 @@ def blob_path(cache: Path, etag: str, wait: float = 0.0) -> Path:
 # --- measuring -------------------------------------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU-seconds a process used (every thread, user + system)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class PeakRss:
     """Samples the peak resident memory of a process and its children (the mirror's workers) every 20 ms."""
 

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import BIG_PATH, curl, emulator, finish, mirror, parse_size
+from bench.common import BIG_PATH, cpu_seconds, curl, emulator, finish, mirror, parse_size
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -47,12 +47,6 @@ _CATEGORIES = [
 ]
 
 
-def _cpu(pid: int) -> float:
-    """CPU-seconds a process used (every thread, user + system)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
 def _threads(pid: int) -> dict[int, float]:
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -71,7 +65,7 @@ def _children_cpu() -> float:
 
 def _download(url: str, pids: dict[str, int], follow: bool, store: Path | None = None) -> dict[str, float]:
     """One curl download; with ``store``, curl writes the file there and it is then hashed (sha256) here."""
-    before = {name: _cpu(pid) for name, pid in pids.items()}
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     curl_before = _children_cpu()
     began = time.monotonic()
     if store is None:
@@ -80,7 +74,7 @@ def _download(url: str, pids: dict[str, int], follow: bool, store: Path | None =
         subprocess.run(["curl", "-sfL", "-o", str(store), url], check=True)
         size = store.stat().st_size
     wall = time.monotonic() - began
-    out = {f"{name} cpu_s": _cpu(pid) - before[name] for name, pid in pids.items()}
+    out = {f"{name} cpu_s": cpu_seconds(pid) - before[name] for name, pid in pids.items()}
     out["curl cpu_s"] = _children_cpu() - curl_before
     out["wall_s"] = wall
     out["mb_s"] = size / wall / 1e6

@@ -16,19 +16,16 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from bench.common import PeakRss, Report, curl, finish, machine, parse_size, write_json
+from bench.common import PeakRss, Report, cpu_seconds, curl, finish, machine, parse_size, write_json
 from tests.support.hub_emulator.fixtures import generated_bytes
 from tests.support.hub_emulator.runner import run_emulator
-from tests.support.mirror_proc import MirrorProcess, client_env, metric
+from tests.support.mirror_proc import MirrorProcess, metric, run_client
 
 OVER_50GB = 50 * 10**9 + 64 * 2**20
 REPO, FILE = "acme/huge-data", "huge.bin"
@@ -52,29 +49,18 @@ print(json.dumps(dict(seconds=took, size=info["size"], xet_hash=info.get("xet_ha
 """
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run(size: int, workdir: Path) -> tuple[Report, dict[str, object]]:
     # The start, across 2^32, across the 50 GB limit, the end (each clamped into the file).
     offsets = sorted({max(0, min(at, size - CHECK)) for at in (0, 2**32 - CHECK // 2, 50 * 10**9 - CHECK // 2, size)})
-    expected = {str(o): _sha256(generated_bytes(o, min(o + CHECK, size))) for o in offsets}
+    expected = {str(o): hashlib.sha256(generated_bytes(o, min(o + CHECK, size))).hexdigest() for o in offsets}
     with run_emulator(workdir / "emulator", huge_file_size=size) as emu, \
             MirrorProcess(emu.url, workdir / "cache") as mirror:
         assert mirror.proc is not None
         code = CLIENT.format(repo=REPO, file=FILE, offsets=offsets, check=CHECK)
-        env = client_env(mirror.url, workdir / "home", HF_HUB_DISABLE_XET="0")
-        (workdir / "home").mkdir(exist_ok=True)
         emu.reset_stats()
         cpu_before = cpu_seconds(mirror.proc.pid)
         with PeakRss(mirror.proc.pid) as rss:
-            proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                  timeout=4 * 3600, cwd=workdir / "home")
-        if proc.returncode != 0:
-            raise RuntimeError(f"client failed:\n{proc.stdout}\n{proc.stderr[-3000:]}")
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
+            out: Any = run_client(code, mirror.url, workdir / "home", timeout=4 * 3600, HF_HUB_DISABLE_XET="0")
         client_done = time.monotonic()
         while metric(mirror, "hf_mirror_fills_in_flight") and time.monotonic() - client_done < 600:
             time.sleep(0.2)  # the fill's commit (its fsync) may end after the client's last verified byte
@@ -100,10 +86,6 @@ def run(size: int, workdir: Path) -> tuple[Report, dict[str, object]]:
                "blob_bytes_on_disk": blob_bytes,
                "commit_after_client_seconds": round(commit_lag, 1), "checked_offsets": offsets}
     return report, details
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def main() -> None:
