@@ -252,8 +252,10 @@ class Settings(BaseSettings):
             raise ConfigError(f"viewer_upstream must be an http(s) URL or 'off', got {redact_url(viewer)!r}")
         if self.storage == "s3" and not self.s3_bucket:
             raise ConfigError("storage = 's3' needs s3_bucket")
-        if self.sync_hours and not re.fullmatch(r"\d{1,2}-\d{1,2}", self.sync_hours):
-            raise ConfigError(f"sync_hours must look like 08-18, got {self.sync_hours!r}")
+        hours = re.fullmatch(r"(\d{1,2})-(\d{1,2})", self.sync_hours) if self.sync_hours else None
+        if self.sync_hours and (hours is None or int(hours[1]) > 23 or int(hours[2]) > 24 or hours[1] == hours[2]):
+            raise ConfigError(f"sync_hours must be two different hours like 08-18 (start 0-23, end 0-24), got "
+                              f"{self.sync_hours!r}")
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ConfigError("ssl_certfile and ssl_keyfile must be given together")
         return self

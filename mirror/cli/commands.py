@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from mirror import demo
+from mirror import __version__, demo
 from mirror.cli import cache, serve, sync
 from mirror.cli.settings import settings_flags, with_settings
 from mirror.config import ConfigError
@@ -15,6 +15,7 @@ from mirror.harness import command as bench
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-mirror", description="A self-hosted Hugging Face Hub mirror.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help_text: str, func: Callable[[argparse.Namespace], int],

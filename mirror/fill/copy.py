@@ -62,8 +62,16 @@ async def pump(fill: Fill, body: BulkBody, fd: int, cursor: Cursor, hasher: Blob
     except asyncio.CancelledError:
         stop.set()
         body.abort()
-        await asyncio.wait([done])
+        await settle(done)
         raise
+
+
+async def settle(done: asyncio.Future[None]) -> None:
+    """Wait for a thread told to stop, and take its outcome: a read cut by ``abort`` fails by design, and an
+    exception left unretrieved would be printed as a traceback when the loop closes (Ctrl-C of the sync)."""
+    await asyncio.wait([done])
+    if not done.cancelled():
+        done.exception()
 
 
 def copy_body(body: BulkBody, fd: int, cursor: Cursor, size: int, hasher: BlobHasher, block_size: int,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from mirror.config import Settings
 from mirror.errors import IntegrityError, UpstreamUnavailable
-from mirror.fill.copy import write_prefix
+from mirror.fill.copy import settle, write_prefix
 from mirror.fill.state import Fill
 from mirror.integrity import BlobHasher
 from mirror.metrics import Metrics
@@ -220,7 +220,7 @@ class WindowedFill:
         except asyncio.CancelledError:
             stop.set()
             body.abort()
-            await asyncio.wait([done])
+            await settle(done)
             raise
 
     def _advanced(self, window: Window, offset: int) -> None:
@@ -259,7 +259,7 @@ class WindowedFill:
                 await asyncio.shield(done)
             except asyncio.CancelledError:  # the thread owns the fd until it returns: never abandoned
                 stop.set()
-                await asyncio.wait([done])
+                await settle(done)
                 raise
 
     def _hash_to(self, end: int, stop: threading.Event) -> None:

@@ -99,6 +99,8 @@ def test_unknown_toml_key_is_named(settings_env: pytest.MonkeyPatch, tmp_path: P
     ({"HF_MIRROR_OFFLINE": "maybe"}, "offline"),
     ({"HF_MIRROR_UPSTREAM": "ftp://user:secret@hub.example"}, "upstream"),
     ({"HF_MIRROR_SYNC_HOURS": "8h"}, "sync_hours"),
+    ({"HF_MIRROR_SYNC_HOURS": "25-3"}, "sync_hours"),
+    ({"HF_MIRROR_SYNC_HOURS": "08-08"}, "sync_hours"),
     ({"HF_MIRROR_STORAGE": "s3"}, "s3_bucket"),
     ({"HF_MIRROR_SSL_CERTFILE": "cert.pem"}, "ssl_keyfile"),
 ])
