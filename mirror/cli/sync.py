@@ -73,7 +73,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         parts = build_parts(settings, fill_manager=CountingFillManager)  # the one wiring, as serve and cache use
         parts.upstream.use_sync_rate()  # --sync-rate during --sync-hours, else --upstream-rate (issue 18)
         backend = CacheDirBackend(settings, dry_run=args.dry_run, parts=parts, owns_parts=True)
-        pins_note = None if args.dry_run else f"pinned {len(manifest.repos)} repo(s) for {manifest.source}"
+        pins_note = None if args.dry_run else "pinned"
     target = args.mirror or str(settings.cache_dir)
     state = None
     if manifest.selects:
@@ -102,9 +102,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         signal.signal(signal.SIGTERM, previous)
     if state is not None and not args.dry_run:
         state.save()  # the listing is recorded even when some repos failed: they are retried, not "new" again
-    if pins_note and result.selection is not None and not args.dry_run:
-        pins_note = (f"pinned {len(manifest.repos) + len(result.selection.specs) + len(result.selection.kept)} "
-                     f"repo(s) for {manifest.source}")
+    if pins_note == "pinned":
+        pins_note = f"pinned {result.pinned} repo(s) for {manifest.source}"
     print_summary(result, pins_note=pins_note)
     return 0 if result.ok else 1
 

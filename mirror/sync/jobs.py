@@ -34,6 +34,7 @@ class RevisionJob:
     error: str | None = None
     note: str | None = None
     stale: bool = False  # upstream could not confirm the revision: the cached commit was kept (a failed job)
+    repo_missing: bool = False  # upstream answered that the repo does not exist (or is not visible): never pinned
 
     @property
     def label(self) -> str:

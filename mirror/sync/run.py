@@ -32,6 +32,7 @@ class SyncResult:
     dry_run: bool
     elapsed: float
     selection: Selection | None = None  # the [[select]] rules' listings, when the manifest has any
+    pinned: int = 0  # repos pinned for the manifest (none in a dry run or through --mirror)
 
     @property
     def failed(self) -> list[RevisionJob]:
@@ -75,6 +76,7 @@ async def _plan(backend: Backend, job: RevisionJob, reporter: Reporter) -> None:
         job.missing = [f for f in job.files if not await backend.cached(job, f)]
     except (MirrorError, httpx.HTTPError, ValueError) as exc:
         job.error = error_text(exc)
+        job.repo_missing = isinstance(exc, HubError) and exc.code == "RepoNotFound"
         return
     if job.stale:
         job.error = job.note
@@ -99,11 +101,17 @@ async def run_sync(manifest: Manifest, backend: Backend, reporter: Reporter, *, 
             await _plan(backend, job, reporter)
 
     await asyncio.gather(*(plan(job) for job in jobs))
+    pinned_count = 0
     if on_planned is not None:
         on_planned(jobs)
     if not dry_run and backend.pins_supported:
-        # Selected repos are pinned like named ones; those that disappeared upstream stay pinned (kept).
-        backend.pin(replace(manifest, repos=(*specs, *(selection.kept if selection else ())), selects=()))
+        # Selected repos are pinned like named ones; those that disappeared upstream stay pinned (kept). A named
+        # repo upstream says does not exist is not pinned (a typo must not hold a pin); other failures keep theirs.
+        missing = {job.spec for job in jobs if job.repo_missing}
+        missing -= {job.spec for job in jobs if not job.repo_missing}
+        pinned = (*(spec for spec in specs if spec not in missing), *(selection.kept if selection else ()))
+        backend.pin(replace(manifest, repos=pinned, selects=()))
+        pinned_count = len(pinned)
 
     # One download per blob, even when revisions share it.
     work: dict[str, tuple[RevisionJob, RemoteFile]] = {}
@@ -118,11 +126,12 @@ async def run_sync(manifest: Manifest, backend: Backend, reporter: Reporter, *, 
             partial = backend.partial_bytes(item)
             extra = f", {format_size(partial)} already in a partial file" if partial else ""
             reporter.info(f"would fetch {job.label} {item.path} ({format_size(item.size)}{extra})")
-        return SyncResult(jobs, 0, 0, len(work), to_fetch_bytes, True, time.monotonic() - started, selection)
+        return SyncResult(jobs, 0, 0, len(work), to_fetch_bytes, True, time.monotonic() - started, selection,
+                          pinned_count)
     if not work:
         reporter.info(f"nothing to fetch: all {sum(len(j.files) for j in jobs)} selected files of "
                       f"{len(jobs)} revision(s) are cached")
-        return SyncResult(jobs, 0, 0, 0, 0, False, time.monotonic() - started, selection)
+        return SyncResult(jobs, 0, 0, 0, 0, False, time.monotonic() - started, selection, pinned_count)
 
     reporter.info(f"fetching {len(work)} files, {format_size(to_fetch_bytes)} with concurrency {concurrency}")
     reporter.start(sum(item.size for _, item in work.values()))
@@ -163,4 +172,4 @@ async def run_sync(manifest: Manifest, backend: Backend, reporter: Reporter, *, 
             job.error = f"{job.failed_files} files failed; first: {job.error}"
     total = int(getattr(backend, "total_fetched", sum(j.fetched_bytes for j in jobs)))
     return SyncResult(jobs, fetched_files, total, len(work), to_fetch_bytes, False, time.monotonic() - started,
-                      selection)
+                      selection, pinned_count)

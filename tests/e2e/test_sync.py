@@ -385,3 +385,9 @@ token_env = "HF_MIRROR_TEST_UNSET_TOKEN"
     assert "ok" in rows[f"model:{MODEL}@main"]
     assert "HF_MIRROR_TEST_UNSET_TOKEN" in rows[f"dataset:{PARQUET}@main"]
     assert "3 of 4 revision(s) failed" in result.stdout
+    # The repo upstream does not have is not pinned; the others keep their pins (issue 29).
+    assert "pinned 2 repo(s)" in result.stdout, result.stdout
+    pins = cli("cache", "ls", "--cache-dir", str(tmp_path / "cache"), "--json")
+    assert pins.returncode == 0, pins.stderr
+    pinned = {row["repo"] for row in json.loads(pins.stdout) if row["pinned"]}
+    assert "model:acme/does-not-exist" not in pinned and f"model:{MODEL}" in pinned, pinned
