@@ -145,6 +145,40 @@ def test_k8s_references_are_consistent():
     assert "sync.toml" in configmaps[manifest_volume["configMap"]["name"]]["data"]
 
 
+def test_exposed_overlay_points_at_the_base():
+    """deploy/k8s/overlays/exposed: an Ingress to the mirror's Service and a NetworkPolicy around its pods."""
+    overlay = K8S / "overlays" / "exposed"
+    kust = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    for resource in kust["resources"]:
+        assert (overlay / resource).exists(), resource
+    docs = _k8s_docs()
+    service = docs[("Service", "hf-mirror")]
+    labels = docs[("Deployment", "hf-mirror")]["spec"]["template"]["metadata"]["labels"]
+    ingress = _load_all(overlay / "ingress.yaml")[0]
+    for rule in ingress["spec"]["rules"]:
+        for path in rule["http"]["paths"]:
+            backend = path["backend"]["service"]
+            assert backend["name"] == service["metadata"]["name"]
+            assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
+    hosts = [rule["host"] for rule in ingress["spec"]["rules"]]
+    assert any(h.startswith("datasets-server.") for h in hosts), "the viewer's host needs its own rule"
+    policy = _load_all(overlay / "networkpolicy.yaml")[0]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+
+
+def test_images_are_versioned():
+    """No :latest anywhere: a rollout names the release it runs."""
+    for path in [COMPOSE, *DEPLOY.rglob("*.yaml")]:
+        for doc in _load_all(path):
+            text = json.dumps(doc)
+            assert "hf-mirror:latest" not in text and 'newTag": "latest' not in text, path
+    for name, svc in _compose()["services"].items():
+        if svc.get("image", "").startswith("hf-mirror"):
+            assert svc["env_file"][0]["path"] == "./hf-mirror.env" and svc["env_file"][0]["required"] is False, name
+    assert (DEPLOY / "hf-mirror.env.example").is_file()
+
+
 # ---------------------------------------------------------------------------------------------------------- TOML
 
 def _check_manifest(text: str, where: str) -> None:
