@@ -19,7 +19,9 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BeforeValidator,
+    ByteSize,
     Field,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -37,8 +39,7 @@ from pydantic_settings import (
 from mirror.errors import redact_url
 
 ENV_PREFIX = "HF_MIRROR_"
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4, "p": 1000**5}
+_BYTE_SIZE = TypeAdapter(ByteSize)
 
 
 class ConfigError(ValueError):
@@ -46,28 +47,26 @@ class ConfigError(ValueError):
 
 
 def parse_size(value: str | int | None) -> int | None:
-    """Parse ``10GiB``, ``500G``, ``1.5 TB`` or a byte count; ``None``/``0``/empty mean unlimited."""
+    """Parse ``10GiB``, ``500G``, ``1.5 TB`` or a byte count (pydantic's ``ByteSize``: ``G`` is 10^9, ``GiB``
+    2^30); ``None``/``0``/empty mean unlimited."""
     if value is None or value == "" or value == 0:
         return None
     if isinstance(value, int):
         return value
-    match = _SIZE_RE.match(str(value))
-    if not match:
-        raise ConfigError(f"cannot parse size {value!r}: use a byte count or e.g. 500G, 1.5TiB")
-    number, unit = float(match.group(1)), (match.group(2) or "").lower()
-    binary = "i" in unit
-    prefix = unit[:1] if unit[:1] in "kmgtp" else ""
-    multiplier = 1024 ** "kmgtp".index(prefix) * 1024 if (binary and prefix) else _SIZE_UNITS[prefix]
-    return int(number * multiplier) or None
+    try:
+        return int(_BYTE_SIZE.validate_python(str(value).strip())) or None
+    except ValidationError:
+        raise ConfigError(f"cannot parse size {value!r}: use a byte count or e.g. 500G, 1.5TiB") from None
 
 
 def format_size(n: float) -> str:
-    """A byte count for people, in decimal units: ``512 B``, ``1.5 MB``, ``2.0 TB`` (``parse_size`` reads it back)."""
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000:
+    """A byte count for people, in IEC units as the README writes them: ``512 B``, ``1.5 MiB``, ``2.0 TiB`` (one
+    unit system on the page, in the CLI and in logs; ``parse_size`` reads it back)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def _flag(value: Any) -> Any:

@@ -7,14 +7,7 @@ import html
 from typing import Any
 from urllib.parse import urlencode
 
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
+from mirror.config import format_size as _size
 
 _W, _H = 560, 90  # chart size in px
 

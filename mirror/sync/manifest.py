@@ -9,17 +9,18 @@ import fnmatch
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StringConstraints, ValidationError
 
 from mirror import hf
 from mirror.config import ConfigError
 from mirror.errors import BadRequest
 
-SHARED_KEYS = frozenset({"type", "revisions", "allow", "ignore", "token_env", "parquet_branch"})
-REPO_KEYS = SHARED_KEYS | {"id"}
-SELECT_KEYS = SHARED_KEYS | {"author", "name", "filter", "search"}
-TOP_KEYS = frozenset({"concurrency", "repo", "select"})
 PARQUET_REF = "refs/convert/parquet"  # the Hub's parquet conversion of a dataset (``parquet_branch = true``)
+
+
+_M = TypeVar("_M", bound="BaseModel")
 
 
 class ManifestError(ConfigError):
@@ -119,131 +120,136 @@ class Manifest:
         return str(self.path.resolve())
 
 
-def _patterns(value: Any, where: str) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
-        raise ManifestError(f"{where}: must be a list of glob patterns")
-    return tuple(value)
+# What each key must be, said once: the message of any value pydantic refuses for it.
+_RULES = {
+    "type": "type must be model, dataset or space",
+    "id": "id (\"namespace/name\") is required",
+    "revisions": "revisions must be a non-empty list of branches, tags or commit shas",
+    "allow": "allow must be a list of glob patterns",
+    "ignore": "ignore must be a list of glob patterns",
+    "token_env": "token_env must be the name of an environment variable",
+    "parquet_branch": "parquet_branch must be true or false",
+    "author": "author (an organisation or user name) is required",
+    "name": "name must be a glob (or a list of globs) matched against the repo name after author/, e.g. \"bert-*\"",
+    "filter": "filter must be a list of the Hub's list filters (tags such as \"transformers\" or \"license:mit\")",
+    "search": "search must be a non-empty string (the Hub's search= substring)",
+    "concurrency": "concurrency must be a positive integer",
+    "repo": "repo entries are [[repo]] tables",
+    "select": "select entries are [[select]] tables",
+}
+
+_Text = Annotated[str, StringConstraints(min_length=1), Strict()]
+_Texts = Annotated[list[_Text], Field(min_length=1)]
 
 
-def _strings(value: Any, where: str, what: str) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-        raise ManifestError(f"{where}: {what}")
-    return tuple(value)
+def _listed(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value  # one string where a list is expected
 
 
-def _kind(table: dict[str, Any], where: str) -> hf.RepoType:
-    repo_type = table.get("type", "model")
+class _Table(BaseModel):
+    """The keys [[repo]] and [[select]] share."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    type: Literal["model", "dataset", "space"] = "model"
+    revisions: Annotated[list[Annotated[str, Strict()]], Field(min_length=1), BeforeValidator(_listed)] = ["main"]
+    allow: Annotated[_Texts | None, BeforeValidator(_listed)] = None
+    ignore: Annotated[_Texts | None, BeforeValidator(_listed)] = None
+    token_env: _Text | None = None
+    parquet_branch: bool = False
+
+    def options(self, where: str) -> dict[str, Any]:
+        for revision in self.revisions:
+            try:
+                hf.validate_revision(revision)
+            except BadRequest as exc:
+                raise ManifestError(f"{where}: {exc.message}") from None
+        if self.parquet_branch and self.type != "dataset":
+            raise ManifestError(f"{where}: parquet_branch ({PARQUET_REF}) exists only for datasets "
+                                "(type = \"dataset\")")
+        return {"revisions": tuple(dict.fromkeys(self.revisions)), "token_env": self.token_env,
+                "allow": None if self.allow is None else tuple(self.allow),
+                "ignore": None if self.ignore is None else tuple(self.ignore), "parquet_branch": self.parquet_branch}
+
+
+class _RepoTable(_Table):
+    id: str
+
+
+class _SelectTable(_Table):
+    author: _Text
+    name: Annotated[_Texts | None, BeforeValidator(_listed)] = None
+    filter: Annotated[_Texts | None, BeforeValidator(lambda v: _listed(v) or None)] = None
+    search: _Text | None = None
+
+
+class _ManifestFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    concurrency: Annotated[int, Field(ge=1)] | None = None
+    repo: list[dict[str, Any]] = []
+    select: list[dict[str, Any]] = []
+
+
+def _read(model: type[_M], data: Any, where: str) -> _M:
+    """``data`` as ``model``, or a :class:`ManifestError` naming the place and the key."""
     try:
-        return hf.RepoType(repo_type)
-    except ValueError:
-        raise ManifestError(f"{where}: type must be model, dataset or space, not {repo_type!r}") from None
-
-
-def _options(table: dict[str, Any], kind: hf.RepoType, where: str) -> dict[str, Any]:
-    """The keys [[repo]] and [[select]] share: revisions, allow, ignore, token_env, parquet_branch."""
-    revisions = table.get("revisions", ["main"])
-    if isinstance(revisions, str):
-        revisions = [revisions]
-    if not isinstance(revisions, list) or not revisions or not all(isinstance(r, str) for r in revisions):
-        raise ManifestError(f"{where}: revisions must be a non-empty list of branches, tags or commit shas")
-    for revision in revisions:
-        try:
-            hf.validate_revision(revision)
-        except BadRequest as exc:
-            raise ManifestError(f"{where}: {exc.message}") from None
-    token_env = table.get("token_env")
-    if token_env is not None and (not isinstance(token_env, str) or not token_env):
-        raise ManifestError(f"{where}: token_env must be the name of an environment variable")
-    parquet_branch = table.get("parquet_branch", False)
-    if not isinstance(parquet_branch, bool):
-        raise ManifestError(f"{where}: parquet_branch must be true or false")
-    if parquet_branch and kind is not hf.RepoType.DATASET:
-        raise ManifestError(f"{where}: parquet_branch ({PARQUET_REF}) exists only for datasets (type = \"dataset\")")
-    return {"revisions": tuple(dict.fromkeys(revisions)), "allow": _patterns(table.get("allow"), f"{where}: allow"),
-            "ignore": _patterns(table.get("ignore"), f"{where}: ignore"), "token_env": token_env,
-            "parquet_branch": parquet_branch}
-
-
-def _tables(data: dict[str, Any], key: str, path: Path) -> list[dict[str, Any]]:
-    tables = data.get(key, [])
-    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
-        raise ManifestError(f"{path}: {key} entries are [[{key}]] tables")
-    return tables
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        unknown = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
+        if unknown:
+            hint = ""
+            if model is _SelectTable and "id" in unknown:
+                hint = " (a [[select]] lists repos by author; name one repo with a [[repo]] table)"
+            elif model is _ManifestFile:
+                hint = " (expected concurrency, [[repo]] and [[select]] tables)"
+            raise ManifestError(f"{where}: unknown key(s) {', '.join(unknown)}{hint}") from None
+        key = str(errors[0]["loc"][0]) if errors[0]["loc"] else ""
+        raise ManifestError(f"{where}: {_RULES.get(key, errors[0]['msg'])}") from None
 
 
 def _select(table: dict[str, Any], number: int, path: Path) -> SelectSpec:
     where = f"{path}: [[select]] #{number}"
-    unknown = sorted(set(table) - SELECT_KEYS)
-    if unknown:
-        hint = " (a [[select]] lists repos by author; name one repo with a [[repo]] table)" if "id" in unknown else ""
-        raise ManifestError(f"{where}: unknown key(s) {', '.join(unknown)}{hint}")
-    kind = _kind(table, where)
-    author = table.get("author")
-    if not isinstance(author, str) or not author:
-        raise ManifestError(f"{where}: author (an organisation or user name) is required")
+    rule = _read(_SelectTable, table, where)
     try:
-        hf.validate_repo_id(author)
+        hf.validate_repo_id(rule.author)
     except BadRequest:
-        raise ManifestError(f"{where}: author must be one organisation or user name, not {author!r}") from None
-    if "/" in author:
-        raise ManifestError(f"{where}: author must be one organisation or user name, not {author!r}")
-    names = _strings(table.get("name"), where, "name must be a glob (or a list of globs) matched against the "
-                                              "repo name after author/, e.g. \"bert-*\"")
-    if names is not None and any("/" in n for n in names):
+        raise ManifestError(f"{where}: author must be one organisation or user name, not {rule.author!r}") from None
+    if "/" in rule.author:
+        raise ManifestError(f"{where}: author must be one organisation or user name, not {rule.author!r}")
+    if rule.name is not None and any("/" in n for n in rule.name):
         raise ManifestError(f"{where}: name globs match the repo name without its author: no \"/\"")
-    filters = _strings(table.get("filter") or None, where, "filter must be a list of the Hub's list filters "
-                                                           "(tags such as \"transformers\" or \"license:mit\")")
-    search = table.get("search")
-    if search is not None and (not isinstance(search, str) or not search):
-        raise ManifestError(f"{where}: search must be a non-empty string (the Hub's search= substring)")
-    return SelectSpec(number, kind, author, names, filters or (), search, **_options(table, kind, f"{where}"))
+    return SelectSpec(number, hf.RepoType(rule.type), rule.author, None if rule.name is None else tuple(rule.name),
+                      tuple(rule.filter or ()), rule.search, **rule.options(where))
+
+
+def _repo(table: dict[str, Any], number: int, path: Path) -> RepoSpec:
+    entry = _read(_RepoTable, table, f"{path}: [[repo]] #{number}")
+    try:
+        hf.validate_repo_id(entry.id)
+    except BadRequest as exc:
+        raise ManifestError(f"{path}: [[repo]] #{number}: {exc.message}") from None
+    return RepoSpec(hf.RepoRef(hf.RepoType(entry.type), entry.id),
+                    **entry.options(f"{path}: {entry.type}:{entry.id}"))
 
 
 def parse_manifest(data: dict[str, Any], path: Path) -> Manifest:
-    unknown = sorted(set(data) - TOP_KEYS)
-    if unknown:
-        raise ManifestError(f"{path}: unknown key(s) {', '.join(unknown)} (expected concurrency, [[repo]] and "
-                            "[[select]] tables)")
-    concurrency = data.get("concurrency")
-    if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)
-                                    or concurrency < 1):
-        raise ManifestError(f"{path}: concurrency must be a positive integer")
-    repos: list[RepoSpec] = []
-    for number, table in enumerate(_tables(data, "repo", path), 1):
-        where = f"{path}: [[repo]] #{number}"
-        unknown = sorted(set(table) - REPO_KEYS)
-        if unknown:
-            raise ManifestError(f"{where}: unknown key(s) {', '.join(unknown)}")
-        kind = _kind(table, where)
-        repo_id = table.get("id")
-        if not isinstance(repo_id, str):
-            raise ManifestError(f"{where}: id (\"namespace/name\") is required")
-        try:
-            hf.validate_repo_id(repo_id)
-        except BadRequest as exc:
-            raise ManifestError(f"{where}: {exc.message}") from None
-        repos.append(RepoSpec(hf.RepoRef(kind, repo_id), **_options(table, kind, f"{path}: {kind.value}:{repo_id}")))
+    top = _read(_ManifestFile, data, str(path))
+    repos = [_repo(table, number, path) for number, table in enumerate(top.repo, 1)]
     seen: set[str] = set()
     for spec in repos:
         if spec.label in seen:
             raise ManifestError(f"{path}: {spec.label} is listed twice; put all its revisions in one table")
         seen.add(spec.label)
-    selects = tuple(_select(table, number, path) for number, table in enumerate(_tables(data, "select", path), 1))
+    selects = tuple(_select(table, number, path) for number, table in enumerate(top.select, 1))
     keys: dict[str, int] = {}
     for rule in selects:
         if rule.key in keys:
             raise ManifestError(f"{path}: [[select]] #{rule.number} repeats [[select]] #{keys[rule.key]} "
                                 f"({rule.key})")
         keys[rule.key] = rule.number
-    return Manifest(path, tuple(repos), concurrency, selects)
+    return Manifest(path, tuple(repos), top.concurrency, selects)
 
 
 def load_manifest(path: Path) -> Manifest:

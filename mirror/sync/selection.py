@@ -1,25 +1,14 @@
-"""Which files of a revision to fetch: huggingface_hub's ``allow_patterns`` / ``ignore_patterns`` semantics."""
+"""Which files of a revision to fetch: ``allow_patterns`` / ``ignore_patterns`` exactly as ``snapshot_download``
+reads them, by running the function the clients run (``huggingface_hub.utils.filter_repo_objects``)."""
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterable
 
-
-def _dir_wildcard(pattern: str) -> str:
-    pattern = pattern.replace("\\", "/")
-    return pattern + "*" if pattern.endswith("/") else pattern
+from huggingface_hub.utils import filter_repo_objects
 
 
 def select(paths: Iterable[str], allow: Iterable[str] | None, ignore: Iterable[str] | None) -> list[str]:
-    """fnmatchcase, ``*`` crossing ``/``, a trailing ``/`` meaning the whole directory: as snapshot_download."""
-    allowed = [_dir_wildcard(p) for p in allow] if allow is not None else None
-    ignored = [_dir_wildcard(p) for p in ignore] if ignore is not None else None
-    out = []
-    for path in paths:
-        if allowed is not None and not any(fnmatch.fnmatchcase(path, p) for p in allowed):
-            continue
-        if ignored is not None and any(fnmatch.fnmatchcase(path, p) for p in ignored):
-            continue
-        out.append(path)
-    return out
+    """The paths a client's ``snapshot_download(allow_patterns=allow, ignore_patterns=ignore)`` would take."""
+    return list(filter_repo_objects(paths, allow_patterns=None if allow is None else list(allow),
+                                    ignore_patterns=None if ignore is None else list(ignore)))
