@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,7 +22,7 @@ from mirror.auth import MirrorAuth
 from mirror.config import Settings
 from mirror.errors import HeadersTooLarge, MethodNotAllowed, MirrorError, RouteNotFound
 from mirror.fill import PEER_ROUTE
-from mirror.logs import AccessLog
+from mirror.logs import AccessLog, request_id_from
 from mirror.metrics import Metrics
 from mirror.parquet_info import OfflineInfo
 from mirror.parts import build_parts
@@ -162,13 +161,17 @@ class MirrorApp:
             await self.fastapi(scope, receive, send)
             return
         started = time.perf_counter()
-        request_id = os.urandom(8).hex()
+        request_id = request_id_from(scope["headers"])
         status_box: list[int] = [0]
+        size_box: list[int | None] = [None]
         extra_headers = [*CORS_HEADERS, (b"x-request-id", request_id.encode())]
 
         async def send_outward(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status_box[0] = message["status"]
+                for name, value in message.get("headers", ()):
+                    if name == b"content-length" and scope["method"] != "HEAD":
+                        size_box[0] = int(value)
                 message["headers"] = [*message.get("headers", ()), *extra_headers]
             await send(message)
 
@@ -177,7 +180,7 @@ class MirrorApp:
         outcome = await self._dispatch(scope, receive, send_outward)
         if self.access_log is not None:
             self.access_log.write(request_id, scope["method"], scope.get("path", ""), status_box[0] or "-",
-                                  (time.perf_counter() - started) * 1000, outcome)
+                                  (time.perf_counter() - started) * 1000, outcome, size_box[0])
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> str:
         """Route a request. Read-only and closed by default: the path has one spelling, the method is a read, the

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -159,20 +160,26 @@ class AccessLog:
         self._second = -1
         self._stamp = ""
 
-    def write(self, request_id: str, method: str, path: str, status: int | str, millis: float, outcome: str) -> None:
+    def write(self, request_id: str, method: str, path: str, status: int | str, millis: float, outcome: str,
+              size: int | None = None) -> None:
+        """One request: ``size`` is the answer's body length as announced (``None``: not known, e.g. chunked)."""
         now = time.time()
         if int(now) != self._second:
             self._second = int(now)
             pattern = "%Y-%m-%dT%H:%M:%S" if self.json else "%Y-%m-%d %H:%M:%S"
             self._stamp = time.strftime(pattern, time.gmtime(now) if self.json else time.localtime(now))
         msecs = int((now - self._second) * 1000)
-        message = self._clean(f"{request_id} {method} {path} {status} {millis:.1f}ms")
+        path = self._clean(path)
         outcome = self._clean(outcome)
         if self.json:
+            # Fields a log pipeline can filter on; ``message`` keeps the text line's words for people.
             line = json.dumps({"ts": f"{self._stamp}.{msecs:03d}Z", "level": "info", "logger": "hf_mirror.access",
-                               "message": message, "request_id": request_id, "outcome": outcome})
+                               "message": f"{request_id} {method} {path} {status} {millis:.1f}ms",
+                               "request_id": request_id, "method": method, "path": path, "status": status,
+                               "duration_ms": round(millis, 2), "bytes": size, "outcome": outcome})
         else:
-            line = f"{self._stamp},{msecs:03d} INFO hf_mirror.access: {message} {outcome}"
+            line = (f"{self._stamp},{msecs:03d} INFO hf_mirror.access: {request_id} {method} {path} {status} "
+                    f"{millis:.1f}ms {outcome}")
         self._lines.append(line)
         if not self._flush_pending:
             self._flush_pending = True
@@ -198,6 +205,21 @@ class AccessLog:
                 self.stream.flush()
             except (OSError, ValueError):
                 pass  # a closed or full log stream must not fail requests
+
+
+_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
+    """The caller's ``X-Request-Id`` when it is well-formed (a front's id links its log line to ours), else a new
+    one. Anything else (too long, spaces, controls) is replaced, never logged."""
+    for name, value in headers:
+        if name == b"x-request-id":
+            text = value.decode("latin-1")
+            if _REQUEST_ID_RE.fullmatch(text) and _TOKEN_RE.search(text) is None:
+                return text
+            break
+    return os.urandom(8).hex()
 
 
 def setup_logging(level: str = "info", fmt: str = "text", secrets: tuple[str, ...] = ()) -> None:

@@ -15,6 +15,7 @@ import shlex
 import shutil
 import subprocess
 import threading
+import time
 import tomllib
 import urllib.error
 import urllib.request
@@ -499,6 +500,19 @@ def test_nginx_proxies_plain_bodies_and_hides_blobs(front):
     assert err.value.code == 404, "the blobs location must be internal"
     status, body, _ = _get(running.url + "/nginx-healthz")
     assert status == 200 and body == b"ok\n"
+
+
+def test_nginx_and_the_mirror_log_one_request_id(front):
+    """nginx hands its $request_id to the mirror (which keeps a well-formed X-Request-Id) and logs it as rid=."""
+    running, mirror = front
+    _get(running.url + "/stream/model.safetensors", **{"X-Request-Id": "from-the-client"})
+    sent = mirror.seen[-1].get("X-Request-Id")
+    assert sent and sent != "from-the-client", mirror.seen[-1]
+    log = running.prefix / "logs" / "access.log"
+    deadline = time.monotonic() + 10
+    while f"rid={sent}" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert f"rid={sent}" in log.read_text()
 
 
 # -------------------------------------------------------------------------------------------------------- systemd

@@ -99,6 +99,21 @@ def test_json_access_log_has_request_ids_and_timing(emu, tmp_path):
     assert mine, lines[-5:]
     assert any(line.get("outcome") == "miss" for line in mine)
     assert "hf_good_token" not in mirror.log()
+    access = next(line for line in mine if line["logger"] == "hf_mirror.access")
+    assert access["method"] == "GET" and access["path"] == "/acme/tiny-model/resolve/main/config.json"
+    assert access["status"] == 200 and access["duration_ms"] >= 0 and access["bytes"] == len(response.content)
+
+
+def test_a_well_formed_incoming_request_id_is_kept(emu, tmp_path):
+    with MirrorProcess(emu.url, tmp_path / "cache", "--log-format", "json") as mirror:
+        kept = httpx.get(mirror.url + "/healthz", headers={"x-request-id": "lb-7f3a.2"})
+        assert kept.headers["x-request-id"] == "lb-7f3a.2"
+        for bad in ("has space", "x" * 200, "hf_" + "a" * 30):
+            replaced = httpx.get(mirror.url + "/healthz", headers={"x-request-id": bad})
+            assert replaced.headers["x-request-id"] != bad and len(replaced.headers["x-request-id"]) == 16
+        time.sleep(0.5)  # the access log is written in batches
+        log = mirror.log()
+    assert '"request_id": "lb-7f3a.2"' in log and "has space" not in log and "hf_aaaa" not in log
 
 
 def test_sigterm_during_a_fill_exits_promptly_and_leaves_it_resumable(emu, tmp_path):
