@@ -261,13 +261,17 @@ _COMMANDS = {"ls": _ls, "du": _du, "verify": _verify, "rm": _rm, "gc": _gc, "imp
 # --- CLI -----------------------------------------------------------------------------------------------------------
 
 
-def add_arguments(parser: argparse.ArgumentParser, settings_flags: argparse.ArgumentParser) -> None:
-    """The subcommands; ``settings_flags`` (a parent parser from the CLI, with suppressed defaults) lets the settings
-    flags come after the subcommand too, without a sub-parser default erasing a value given before it."""
+def add_arguments(parser: argparse.ArgumentParser,
+                  add_settings: Callable[[argparse.ArgumentParser], None]) -> None:
+    """The subcommands; ``add_settings`` (from the CLI, with suppressed defaults) lets the settings flags come after
+    the subcommand too, without a sub-parser default erasing a value given before it. They are added last, so each
+    subcommand's help lists its own options first."""
     sub = parser.add_subparsers(dest="cache_command", required=True, metavar="COMMAND")
+    children: list[argparse.ArgumentParser] = []
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help_text, description=help_text, parents=[settings_flags])
+        children.append(sub.add_parser(name, help=help_text, description=help_text))
+        return children[-1]
 
     ls = command("ls", "repos in the cache: revisions, commits, files, sizes, last access, pinned")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
@@ -292,6 +296,8 @@ def add_arguments(parser: argparse.ArgumentParser, settings_flags: argparse.Argu
     exp.add_argument("--link", action="store_true", help="hardlink blobs instead of copying (same disk only)")
     exp.add_argument("--strict", action="store_true",
                      help="exit 1 when some files the mirror knows at the commit are not cached (default: warn)")
+    for child in children:
+        add_settings(child)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

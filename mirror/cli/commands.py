@@ -25,9 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
         return child
 
     command("serve", serve.HELP, with_settings(serve.run, hf_token_env=False), [settings_flags()])
-    command("sync", sync.HELP, with_settings(sync.run), [sync.flags(), settings_flags()])
-    # The settings flags before the subcommand, and (each subcommand's) after it.
-    cache.add_arguments(command("cache", cache.HELP, with_settings(cache.run), [settings_flags()]))
+    command("sync", sync.HELP, with_settings(sync.run), [sync.flags(), settings_flags(command="sync")])
+    # The settings flags before the subcommand, and (each subcommand's, after its own options) after it.
+    cache.add_arguments(command("cache", cache.HELP, with_settings(cache.run), [settings_flags(command="cache")]))
     bench.add_arguments(command("bench", "measure data loading through an endpoint into a training loop",
                                 bench.run))
     demo.add_arguments(command("demo", "sample hub + mirror + bench, offline, in under a minute", demo.run))

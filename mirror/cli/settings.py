@@ -14,17 +14,56 @@ from typing import Any
 
 from mirror.config import Settings
 
+# The settings flags in groups, for help: each command shows the groups it uses (``COMMAND_GROUPS``) and still
+# accepts every other flag (hidden), so no command line that worked before stops working.
+SETTING_GROUPS: dict[str, tuple[str, ...]] = {
+    "settings file": ("config",),
+    "cache and quota": ("cache_dir", "max_size", "min_free_space"),
+    "background work": ("gc_interval", "scrub_rate"),
+    "upstream": ("upstream", "upstream_token", "lend_upstream_token", "offline", "revision_ttl", "connect_timeout",
+                 "read_timeout", "viewer_upstream"),
+    "fills and bandwidth": ("parallel_fill_threshold", "fill_connections", "fill_window", "upstream_rate",
+                            "sync_rate", "sync_hours", "fill_on_disconnect"),
+    "listener": ("host", "port", "workers", "ssl_certfile", "ssl_keyfile", "header_timeout", "max_header_bytes",
+                 "accel_redirect"),
+    "callers and access": ("access_ttl", "access_grace", "open_unknown_repos", "auth_tokens_file", "jwt_secret",
+                           "jwt_public_key_file", "allow_repos", "deny_repos", "admin_token"),
+    "warm jobs": ("warm_jobs", "warm_queue", "warm_rate", "warm_max_bytes"),
+    "xet": ("serve_xet", "xet_token_ttl", "xet_signing_secret"),
+    "fleet (storage s3)": ("storage", "s3_endpoint", "s3_bucket", "s3_prefix", "s3_region", "hot_tier_max_size",
+                           "lease_stale_seconds", "node_url"),
+    "logs": ("log_format", "log_level"),
+}
+_GROUP_OF = {dest: title for title, dests in SETTING_GROUPS.items() for dest in dests}
+OTHER_GROUP = "more settings"
+COMMAND_GROUPS: dict[str, tuple[str, ...] | None] = {
+    "serve": None,  # every group
+    "sync": ("settings file", "cache and quota", "upstream", "fills and bandwidth", "fleet (storage s3)", "logs"),
+    "cache": ("settings file", "cache and quota", "fleet (storage s3)", "logs"),
+}
 
-def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults: bool = False) -> None:
-    """The flags that build :class:`Settings` (also env ``HF_MIRROR_<NAME>`` and keys of ``--config``).
+
+def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults: bool = False,
+                           command: str = "serve") -> None:
+    """The flags that build :class:`Settings` (also env ``HF_MIRROR_<NAME>`` and keys of ``--config``), in titled
+    groups; flags of groups ``command`` does not use are accepted but left out of its help.
 
     ``suppress_defaults``: a flag not given leaves no attribute (for sub-parsers: their defaults must not erase a
     value given before the subcommand)."""
+    shown = COMMAND_GROUPS[command]
+    groups: dict[str, Any] = {}
 
     def add(*flags: str, **options: Any) -> None:
         if suppress_defaults:
             options["default"] = argparse.SUPPRESS
-        parser.add_argument(*flags, **options)
+        title = _GROUP_OF.get(flags[0].removeprefix("--").replace("-", "_"), OTHER_GROUP)
+        if shown is not None and title not in shown:
+            options["help"] = argparse.SUPPRESS
+        if title not in groups:
+            note = ("each setting is also HF_MIRROR_<NAME> or a key of the --config file; every setting of `hf-mirror "
+                    "serve --help` is accepted") if title == "settings file" else None
+            groups[title] = parser.add_argument_group(title, note)
+        groups[title].add_argument(*flags, **options)
 
     add("--config", type=Path, help="TOML file with settings (keys as the flags, with underscores)")
     add("--host", help="address to listen on (default 127.0.0.1)")
@@ -90,10 +129,10 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
     add("--deny-repos", help="comma-separated patterns, e.g. 'space:*'")
 
 
-def settings_flags(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
-    """The settings flags as a parent parser (``parents=[...]``)."""
+def settings_flags(*, suppress_defaults: bool = False, command: str = "serve") -> argparse.ArgumentParser:
+    """The settings flags as a parent parser (``parents=[...]``), with ``command``'s groups in its help."""
     parent = argparse.ArgumentParser(add_help=False)
-    add_settings_arguments(parent, suppress_defaults=suppress_defaults)
+    add_settings_arguments(parent, suppress_defaults=suppress_defaults, command=command)
     return parent
 
 

@@ -157,3 +157,22 @@ def test_frozen_and_model_copy(settings_env: pytest.MonkeyPatch) -> None:
         settings.port = 1  # type: ignore[misc]
     changed = settings.model_copy(update={"offline": True})
     assert changed.offline and not settings.offline and hash(changed) != hash(settings)
+
+
+def test_each_command_help_lists_its_own_options_first_and_only_its_settings(capsys: pytest.CaptureFixture) -> None:
+    """Issue 29: a command's own options come first; settings it does not use are accepted but not shown."""
+    from mirror.cli import build_parser
+
+    parser = build_parser()
+    for argv, own, unused in ((["sync"], "--manifest", "--accel-redirect"),
+                              (["cache", "ls"], "--json", "--host"),
+                              (["cache", "import"], "--public", "--jwt-secret")):
+        with pytest.raises(SystemExit):
+            parser.parse_args([*argv, "--help"])
+        text = capsys.readouterr().out
+        assert text.index(own) < text.index("--cache-dir") and unused not in text, (argv, text)
+    args = parser.parse_args(["cache", "ls", "--host", "0.0.0.0", "--json"])  # hidden, still accepted
+    assert args.host == "0.0.0.0" and args.json
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--version"])
+    assert capsys.readouterr().out.startswith("hf-mirror ")
