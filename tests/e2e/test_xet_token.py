@@ -185,3 +185,20 @@ print(json.dumps(hashlib.sha256(open(p, "rb").read()).hexdigest()))
         assert "/resolve/main/model.safetensors" in a_log and "/resolve/" not in b_log, b_log[-2000:]
         for route in ("/xet-read-token/", "/_xet/v", "/_xet/xorb/"):
             assert route in b_log and route not in a_log, (route, b_log[-2000:])
+
+
+def test_offline_token_from_what_the_node_knows(emulator, tmp_path):
+    """Offline, with the revision's info never cached (only a HEAD went through): the token still follows resolve's
+    offline rules: a caller whose access upstream confirmed gets it, an anonymous one is refused."""
+    gated = "acme/gated-model"
+    commit = emulator.files.commit("model", gated, "main")
+    with MirrorProcess(emulator.url, tmp_path / "cache") as online:
+        head = httpx.head(f"{online.url}/{gated}/resolve/{commit}/model.safetensors",
+                          headers={"authorization": f"Bearer {GOOD_TOKEN}"})
+        assert head.status_code == 200 and head.headers.get("x-xet-hash")
+    with MirrorProcess(emulator.url, tmp_path / "cache", "--offline") as offline:
+        emulator.reset_stats()
+        assert token_for(offline, gated, commit, GOOD_TOKEN).status_code == 200
+        refused = token_for(offline, gated, commit)
+        assert refused.status_code == 401, refused.text
+        assert emulator.requests() == []

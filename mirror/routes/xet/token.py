@@ -11,7 +11,7 @@ from mirror import hf
 from mirror.access import Caller, token_digest
 from mirror.asgi import Scope, Send
 from mirror.config import Settings
-from mirror.errors import EntryNotFound, HubError, MirrorError, OfflineMiss, RevisionNotFound
+from mirror.errors import EntryNotFound, HubError, MirrorError, OfflineMiss, RevisionNotFound, UpstreamUnavailable
 from mirror.metrics import Metrics, Outcome
 from mirror.routes.common import mirror_base, send_error
 from mirror.service import MirrorService
@@ -105,22 +105,23 @@ class XetTokenRoute:
         if not revision:
             raise RevisionNotFound("A Xet token is for a revision: /xet-read-token/{revision}")
         info: dict | None = None
+        unreachable: MirrorError | None = None
         try:
             answer = await self.service.api(hf.ApiTarget(repo, "revision", revision, ""), "GET",
                                             f"{repo.api_path()}/revision/{quote(revision, safe='')}", [], None,
                                             caller)
             info = _info(answer)
-        except OfflineMiss:
-            if not self.settings.offline:
-                raise
-            # Offline, the revision's info was never cached: the ref and the file this node knows, as a resolve does.
+        except (OfflineMiss, UpstreamUnavailable) as exc:
+            # Offline or upstream down, and the revision's info not cached: the ref and a file this node knows, with
+            # the rules a resolve applies then (confirmed access within the grace period).
+            unreachable = exc
         commit = str(info["sha"]) if info and hf.is_commit(str(info.get("sha", ""))) else (
             self._commit(repo, revision) or ((ref := self.service.index.get_ref(repo, revision)) and ref.commit))
         probe = self.catalog.probe_path(repo)
         if probe is None and commit and (path := _first_path(info)):
             probe = (commit, path)
         if not commit or probe is None:
-            raise EntryNotFound(commit or None, "No file of this revision is known to the mirror")
+            raise unreachable or EntryNotFound(commit or None, "No file of this revision is known to the mirror")
         # The access check a resolve of this repo's content makes for this caller (gated, private, offline).
         await self.service.resolve_file(hf.ResolveTarget(repo, probe[0], probe[1]), caller)
         return commit
