@@ -19,7 +19,7 @@ from mirror import hf
 from mirror.access import Caller, token_digest
 from mirror.errors import MirrorError, UpstreamUnavailable
 from mirror.service import MirrorService
-from mirror.xet.catalog import XetCatalog, XetFile
+from mirror.xet.catalog import XET_HASH_RE, XetCatalog, XetFile
 
 _MAX_PAGES = 100  # 100,000 files at the Hub's 1,000 a page
 _LISTED_FOR = 300.0  # seconds a finished listing is not asked again for a missing hash
@@ -37,8 +37,8 @@ class XetFinder:
     async def file(self, repo: hf.RepoRef, commit: str, xet_hash: str, caller: Caller) -> XetFile | None:
         """The file of ``repo`` named ``xet_hash``: known, or found in upstream's listing of ``commit``."""
         found = self.catalog.file(repo, xet_hash)
-        if found is not None or not hf.is_commit(commit):
-            return found
+        if found is not None or not hf.is_commit(commit) or not XET_HASH_RE.match(xet_hash):
+            return found  # a malformed hash lists nothing
         key = (repo.key, commit, token_digest(caller.token))
         listed = self._listed.get(key)
         if listed is not None and time.monotonic() - listed < _LISTED_FOR:
