@@ -79,7 +79,7 @@ class Mirror:
         if settings.serve_xet:
             catalog = XetCatalog(self.index)
             self.service.xet = catalog
-            signer = XetSigner(load_secret(settings.cache_dir))
+            signer = XetSigner(load_secret(settings.cache_dir, settings.xet_signing_secret))
             self.xet_token = XetTokenRoute(settings, self.service, catalog, signer, metrics)
             self.xet_cas = XetCas(settings, self.service, self.fills, catalog, signer, metrics)
             self.resolve.xet_headers = self.xet_token.resolve_headers

@@ -40,6 +40,7 @@ from mirror.errors import redact_url
 
 ENV_PREFIX = "HF_MIRROR_"
 _BYTE_SIZE = TypeAdapter(ByteSize)
+_SECRETS = ("upstream_token", "jwt_secret", "xet_signing_secret")  # shown as *** in logs, errors, the status page
 
 
 class ConfigError(ValueError):
@@ -191,9 +192,11 @@ class Settings(BaseSettings):
     # ``/_xet``), so hf_xet clients download through the mirror (files over 50 GB included). On by default: every
     # client generation tested (huggingface_hub 2.x, 1.33, 0.36, each with its hf_xet) downloads through it (README).
     # Off: every Xet hint is stripped and clients download over plain HTTP. ``xet_token_ttl``: seconds a Xet token /
-    # byte-range URL lives.
+    # byte-range URL lives. ``xet_signing_secret``: the key Xet tokens are signed with; the same on every node of a
+    # fleet, so that any node accepts any node's tokens (unset: one generated per cache dir, in `xet-secret`).
     serve_xet: Flag = True
     xet_token_ttl: float = 900.0
+    xet_signing_secret: str | None = None
     # Bounds on what a caller can make the process hold: request line + headers, the time to send them, and the
     # upstream JSON the mirror caches (relayed bodies stream).
     max_header_bytes: Bytes = Field(64 * 1024, ge=4096)
@@ -237,6 +240,13 @@ class Settings(BaseSettings):
     def _blank_is_none(cls, token: str | None) -> str | None:
         return token or None  # "" (an unset compose var): none
 
+    @field_validator("xet_signing_secret")
+    @classmethod
+    def _long_enough(cls, secret: str | None) -> str | None:
+        if secret and len(secret) < 32:  # a guessable key would let anyone sign Xet tokens for any repo
+            raise ValueError("must be at least 32 characters, e.g. the output of `openssl rand -hex 32`")
+        return secret or None
+
     @field_validator("viewer_upstream")
     @classmethod
     def _viewer_default(cls, viewer: str | None, info: ValidationInfo) -> str | None:
@@ -272,7 +282,7 @@ class Settings(BaseSettings):
     def redacted(self) -> dict[str, Any]:
         """The settings as a dict fit for logs and the status page: secrets replaced."""
         out = self.model_dump()
-        for key in ("upstream_token", "jwt_secret"):
+        for key in _SECRETS:
             if out.get(key):
                 out[key] = "***"
         out["upstream"] = self.upstream_display
@@ -312,6 +322,6 @@ def _one_line(exc: ValidationError) -> str:
         elif error["type"] == "extra_forbidden":
             lines.append(f"unknown setting: {name}")
         else:
-            value = "***" if name in ("upstream_token", "jwt_secret") else redact_url(repr(value))
+            value = "***" if name in _SECRETS else redact_url(repr(value))
             lines.append(f"invalid value for {name}: {value} ({cause or error['msg']})")
     return "; ".join(lines)

@@ -14,7 +14,9 @@ the CAS does not (hf_xet sends the Xet token only): so the caller's own token tr
 with the mirror's token (mirror-auth mode, or an explicit ``lend_upstream_token``) is marked ``svc`` and the CAS
 uses the settings' token again.
 
-The secret is kept in the cache directory (``xet-secret``, mode 0600), shared by every worker of the node.
+The secret is the ``xet_signing_secret`` setting when one is given (the same on every node of a fleet: any node
+accepts any node's tokens and unseals their caller tokens); otherwise it is generated and kept in the cache directory
+(``xet-secret``, mode 0600), shared by every worker of the node.
 """
 
 from __future__ import annotations
@@ -39,8 +41,11 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def load_secret(cache_dir: Path) -> bytes:
-    """The node's signing secret: read from ``cache_dir/xet-secret``, created (0600, atomically) on first use."""
+def load_secret(cache_dir: Path, configured: str | None = None) -> bytes:
+    """The signing secret: the configured one, else the node's, read from ``cache_dir/xet-secret``, created (0600,
+    atomically) on first use."""
+    if configured:
+        return configured.encode()
     path = Path(cache_dir) / _SECRET_FILE
     try:
         data = path.read_bytes()

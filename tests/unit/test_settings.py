@@ -142,6 +142,21 @@ def test_credentials_of_the_upstream_are_redacted(settings_env: pytest.MonkeyPat
     assert isinstance(redacted["cache_dir"], str)
 
 
+def test_xet_signing_secret_from_every_source_and_never_shown(settings_env: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
+    secret = "s" * 40
+    assert from_cli().xet_signing_secret is None  # one generated per cache dir
+    assert from_cli("--xet-signing-secret", secret).xet_signing_secret == secret
+    config = write_toml(tmp_path, f'xet_signing_secret = "{secret}"\n')
+    assert from_cli("--config", str(config)).xet_signing_secret == secret
+    settings_env.setenv("HF_MIRROR_XET_SIGNING_SECRET", secret)
+    assert from_cli().redacted()["xet_signing_secret"] == "***"
+    settings_env.setenv("HF_MIRROR_XET_SIGNING_SECRET", "short-and-guessable")
+    with pytest.raises(ConfigError) as caught:
+        from_cli()
+    assert "xet_signing_secret" in str(caught.value) and "guessable" not in str(caught.value)
+
+
 def test_json_round_trip_for_the_workers(settings_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     settings = from_cli("--workers", "3", "--max-size", "10G", "--allow-repos", "model:a/*,dataset:b/*",
                         "--auth-tokens-file", str(tmp_path / "tokens.toml"), "--cache-dir", str(tmp_path))

@@ -21,6 +21,7 @@ from mirror.routes.xet.reader import SourceReader
 from mirror.service import MirrorService
 from mirror.service.answers import Cached, FileEntry, Filling, Relay, ResolvedFile
 from mirror.xet import CAS_PREFIX, XetCatalog, XetSigner, xorb
+from mirror.xet.finder import XetFinder
 
 log = logging.getLogger("hf_mirror.xet")
 
@@ -39,6 +40,7 @@ class XetCas:
         self.signer = signer
         self.metrics = metrics
         self.token_ttl = settings.xet_token_ttl
+        self.finder = XetFinder(service, catalog)
 
     async def cas(self, scope: Scope, receive: Receive, send: Send, path: str) -> Outcome:
         """Everything under ``{mirror}/_xet``; ``path`` is the rest (``/v2/reconstructions/{hash}``...)."""
@@ -72,7 +74,13 @@ class XetCas:
             raise HubError(401, None, "Missing, invalid or expired Xet token: ask the xet-read-token route again",
                            headers={"www-authenticate": "Bearer"})
         repo = hf.RepoRef(hf.RepoType(claims["t"]), claims["r"])
-        file = self.catalog.file(repo, file_hash.lower())
+        caller = self._caller(claims)
+        if caller is None:
+            raise HubError(401, None, "Invalid Xet token: ask the xet-read-token route again",
+                           headers={"www-authenticate": "Bearer"})
+        # Known to this node, or found in upstream's listing of the token's commit (its HEAD may have gone to another
+        # node): only ever among the token's own repo's files.
+        file = await self.finder.file(repo, str(claims.get("c", "")), file_hash.lower(), caller)
         if file is None:  # not a file of the token's repo (another repo's hash reads nothing)
             raise HubError(404, "EntryNotFound", "No such file in the repo this Xet token is for")
         if file.size == 0:

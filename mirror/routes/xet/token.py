@@ -5,12 +5,13 @@ and the ``xet-auth`` link on resolve answers, ``xetHash`` on tree and paths-info
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 
 from mirror import hf
 from mirror.access import Caller, token_digest
 from mirror.asgi import Scope, Send
 from mirror.config import Settings
-from mirror.errors import EntryNotFound, MirrorError
+from mirror.errors import EntryNotFound, HubError, MirrorError, OfflineMiss, RevisionNotFound, UpstreamUnavailable
 from mirror.metrics import Metrics, Outcome
 from mirror.routes.common import mirror_base, send_error
 from mirror.service import MirrorService
@@ -76,25 +77,7 @@ class XetTokenRoute:
         head = scope["method"] == "HEAD"
         try:
             repo = target.repo
-            commit = self._commit(repo, target.revision) or (
-                (ref := self.service.index.get_ref(repo, target.revision or "")) and ref.commit)
-            probe = self.catalog.probe_path(repo)
-            if probe is None:
-                raise EntryNotFound(commit or None, "No Xet-backed file of this repo is known to the mirror")
-            if not commit and target.revision:
-                # A branch the mirror has not resolved yet (HfFileSystem asks the token for "main" after a tree
-                # listing): resolve it as a resolve would, with this caller's access check.
-                try:
-                    commit = (await self.service.resolve_file(
-                        hf.ResolveTarget(repo, target.revision, probe[1]), caller)).entry.commit
-                except EntryNotFound as exc:
-                    if not exc.commit:
-                        raise
-                    commit = exc.commit
-            if not commit:
-                raise EntryNotFound(None, f"Revision {target.revision!r} is not known to the mirror yet")
-            # The access check a resolve of this repo's content makes for this caller (gated, private, offline).
-            await self.service.resolve_file(hf.ResolveTarget(repo, probe[0], probe[1]), caller)
+            commit = await self._granted_commit(repo, target.revision or "", caller)
             claims = {"t": repo.type.value, "r": repo.repo_id, "c": commit, "u": token_digest(caller.token),
                       **self._caller_claims(caller)}
             token, exp = self.signer.sign("access", claims, self.token_ttl)
@@ -112,6 +95,37 @@ class XetTokenRoute:
         self.metrics.requests.labels(route="xet-token", outcome=Outcome.HIT).inc()
         return Outcome.HIT
 
+    async def _granted_commit(self, repo: hf.RepoRef, revision: str, caller: Caller) -> str:
+        """The commit ``revision`` names, once this caller passed the checks a resolve of the repo's content makes.
+
+        First the revision's info with the caller's token (cached as the API route caches it): a private repo and a
+        missing one get upstream's one answer (401 without a token, 404 with one), whatever this node has seen of
+        either. Then the resolve of one file of the repo (gated, private, offline and confirmed-access rules): a
+        file this node knows, else the first the revision lists, so no HEAD through this node is needed first."""
+        if not revision:
+            raise RevisionNotFound("A Xet token is for a revision: /xet-read-token/{revision}")
+        info: dict | None = None
+        unreachable: MirrorError | None = None
+        try:
+            answer = await self.service.api(hf.ApiTarget(repo, "revision", revision, ""), "GET",
+                                            f"{repo.api_path()}/revision/{quote(revision, safe='')}", [], None,
+                                            caller)
+            info = _info(answer)
+        except (OfflineMiss, UpstreamUnavailable) as exc:
+            # Offline or upstream down, and the revision's info not cached: the ref and a file this node knows, with
+            # the rules a resolve applies then (confirmed access within the grace period).
+            unreachable = exc
+        commit = str(info["sha"]) if info and hf.is_commit(str(info.get("sha", ""))) else (
+            self._commit(repo, revision) or ((ref := self.service.index.get_ref(repo, revision)) and ref.commit))
+        probe = self.catalog.probe_path(repo)
+        if probe is None and commit and (path := _first_path(info)):
+            probe = (commit, path)
+        if not commit or probe is None:
+            raise unreachable or EntryNotFound(commit or None, "No file of this revision is known to the mirror")
+        # The access check a resolve of this repo's content makes for this caller (gated, private, offline).
+        await self.service.resolve_file(hf.ResolveTarget(repo, probe[0], probe[1]), caller)
+        return commit
+
     def _caller_claims(self, caller: Caller) -> dict[str, str]:
         """How the CAS reads upstream for this caller: its own token (sealed), none, or the service token (``svc``:
         never written into a claim; the CAS takes it from the settings again)."""
@@ -120,3 +134,23 @@ class XetTokenRoute:
         if caller.own_token:
             return {"m": "own", "a": self.signer.seal(caller.token)}
         return {"m": "svc"}
+
+
+def _info(answer: ApiResult) -> dict | None:
+    """The revision's info JSON, or the error it was cached as (a missing path at a commit is remembered)."""
+    if answer.status >= 400:
+        headers = {k.lower(): v for k, v in answer.headers}
+        raise HubError(answer.status, headers.get(hf.H_ERROR_CODE.lower()),
+                       headers.get(hf.H_ERROR_MESSAGE.lower()) or "Not found")
+    try:
+        data = json.loads(answer.body)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _first_path(info: dict | None) -> str | None:
+    for sibling in (info or {}).get("siblings") or ():
+        if isinstance(sibling, dict) and isinstance(sibling.get("rfilename"), str):
+            return sibling["rfilename"]
+    return None
