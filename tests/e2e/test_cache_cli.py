@@ -302,6 +302,7 @@ def test_import_a_hub_2x_cache_into_a_new_dir_and_serve_it_offline(emu: Any, hub
     assert result.returncode == 0, result.stdout + result.stderr
     client_blobs = {p.name for p in hub_cache.glob("*/blobs/*")}
     assert f"{len(client_blobs)} blobs added" in result.stdout and f"{len(client_blobs)} hardlinked" in result.stdout
+    assert "skipped" not in result.stderr, result.stderr  # the shared store is no repo folder, and no blob missing
     assert blobs_in(cache) == client_blobs
     for link in links:  # the mirror's blob is the shared store's file itself (hardlinked), never a link
         stored = blob(cache, link.name)
