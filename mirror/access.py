@@ -73,6 +73,10 @@ class AccessPolicy:
     def record_allowed(self, repo: RepoRef, kind: str, token: str | None) -> None:
         self._remember((token_digest(token), kind, repo), True)
 
+    def visibility_unknown(self, repo: RepoRef, kind: str) -> bool:
+        """Upstream never told whether ``repo`` is public (a repo seeded by ``cache import``, say)."""
+        return self._recall(("public", kind, repo)) is None
+
     def is_public(self, repo: RepoRef, kind: str) -> bool:
         known = self._recall(("public", kind, repo))
         return bool(known and known[0])
@@ -104,7 +108,7 @@ class AccessPolicy:
             if self.fail_open or self.known_allowed(repo, kind, caller):
                 return
             if self.offline:
-                raise offline_refusal(caller) from None
+                raise offline_refusal(caller, unknown=public is None) from None
             raise UpstreamUnavailable(
                 "Upstream is unreachable and this repo's access cannot be confirmed for your token; try again later"
             ) from None
@@ -142,9 +146,22 @@ class AccessPolicy:
         return value  # type: ignore[return-value]
 
 
-def offline_refusal(caller: Caller) -> AccessDenied:
-    """Offline, content that is not public goes only to callers whose access upstream confirmed."""
+# What an operator can do about a repo whose visibility an offline mirror never learned: both are named in the
+# refusal, since the caller who meets it is often the operator checking an import.
+_WAY_OUT = ("it never learned whether this repo is public (a repo seeded by `hf-mirror cache import`?): serve it to "
+            "anyone by importing it with `hf-mirror cache import --public PATH`, or serve every repo of unknown "
+            "visibility with `hf-mirror serve --offline --open-unknown-repos`")
+
+
+def offline_refusal(caller: Caller, *, unknown: bool = False) -> AccessDenied:
+    """Offline, content that is not public goes only to callers whose access upstream confirmed; ``unknown``: the
+    repo's visibility was never learned, and the message names the operator's way out."""
     if caller.token is None:
-        return AccessDenied("This repo is not public, or its visibility is unknown, and the mirror is offline: "
-                            "send a token whose access the mirror has confirmed", status=401, code="RepoNotFound")
+        if unknown:
+            return AccessDenied(f"The mirror is offline and {_WAY_OUT}", status=401, code="RepoNotFound")
+        return AccessDenied("This repo is not public and the mirror is offline: send a token whose access the mirror "
+                            "has confirmed", status=401, code="RepoNotFound")
+    if unknown:
+        return AccessDenied(f"The mirror is offline and cannot confirm this token's access to this repo; {_WAY_OUT}",
+                            status=403)
     return AccessDenied("The mirror is offline and cannot confirm this token's access to this repo", status=403)

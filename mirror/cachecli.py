@@ -284,12 +284,15 @@ def add_arguments(parser: argparse.ArgumentParser,
     rm = command("rm", "remove a repo: its index entries and the blobs no other repo uses")
     rm.add_argument("repo", help="acme/x, model:acme/x, dataset:acme/x or datasets/acme/x")
     command("gc", "evict least recently used unpinned blobs down to --max-size; drop stale partial files")
-    imp = command("import", "seed the mirror from a huggingface_hub cache (~/.cache/huggingface/hub)")
+    imp = command("import", "seed the mirror from a huggingface_hub cache (~/.cache/huggingface/hub; 1.x and 2.x "
+                  "layouts, the 2.x shared blob store included); a missing --cache-dir is created")
     imp.add_argument("path", help="a hub cache folder, an HF_HOME, or one models--ns--name folder")
     imp.add_argument("--copy", action="store_true", help="copy blobs (default: hardlink when on the same disk)")
     imp.add_argument("--public", action="store_true",
-                     help="mark the imported repos public: served to anyone while upstream is unreachable "
-                          "(without it, only an --offline mirror serves them without asking upstream)")
+                     help="mark the imported repos public: served to anyone while upstream cannot be asked (offline "
+                          "or down). Without it their visibility is unknown until upstream is asked: an online "
+                          "mirror asks it on first use; an --offline one refuses them unless started with "
+                          "--open-unknown-repos")
     exp = command("export", "write a repo revision as a huggingface_hub cache tree (reads with HF_HUB_OFFLINE=1)")
     exp.add_argument("repo", metavar="REPO[@REV]", help="acme/x@main, datasets/acme/x@v1.0, model:acme/x@<sha>")
     exp.add_argument("--to", required=True, type=Path, help="the HF_HUB_CACHE folder to write into")
@@ -301,7 +304,12 @@ def add_arguments(parser: argparse.ArgumentParser,
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    if not settings.cache_dir.exists():
+    if args.cache_command == "import":  # seeding a new mirror: its cache starts here, as ``serve`` would start it
+        try:
+            settings.cache_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create cache directory {settings.cache_dir}: {exc.strerror}") from exc
+    elif not settings.cache_dir.exists():  # any other command on a missing dir is a wrong path, not an empty cache
         raise ConfigError(f"cache directory {settings.cache_dir} does not exist")
     return asyncio.run(_run(_COMMANDS[args.cache_command], settings, args))
 

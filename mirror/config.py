@@ -186,7 +186,8 @@ class Settings(BaseSettings):
     deny_repos: Items = ()
     max_paths_info: int = 1000
     # The dataset viewer's host upstream (issue 20): by default the one the Hub's client derives from the upstream,
-    # ``https://datasets-server.<upstream host>``; ``off`` answers the viewer host from the cache only.
+    # ``https://datasets-server.<upstream host>`` (``datasets-server.<IP address>`` is reached at that address with
+    # the name as Host: mirror.upstream.viewer); ``off`` answers the viewer host from the cache only.
     viewer_upstream: str | None = Field(None, validate_default=True)
     # Xet (issue 17): files upstream marks as Xet-backed carry the mirror's own Xet hints (token route, CAS under
     # ``/_xet``), so hf_xet clients download through the mirror (files over 50 GB included). On by default: every

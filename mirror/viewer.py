@@ -284,7 +284,7 @@ class ViewerService:
             await self.access.check(repo, _ACCESS, caller, probe)
         except UpstreamUnavailable:
             if offline:
-                raise offline_refusal(caller) from None
+                raise offline_refusal(caller, unknown=self.access.visibility_unknown(repo, _ACCESS)) from None
             raise
 
 

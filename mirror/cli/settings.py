@@ -120,6 +120,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
         "(offline or down; default 86400)")
     add("--open-unknown-repos", action="store_true", default=None,
         help="offline, serve repos whose visibility was never learned (e.g. seeded by cache import) to anyone")
+    add("--viewer-upstream", help="the dataset viewer's host upstream (default: datasets-server.<upstream host>; "
+        "datasets-server.<IP address> is reached at that address with the name as Host, as a chained mirror "
+        "answers it); off: answer the viewer from the cache only")
     add("--header-timeout", type=float, help="seconds a client has to send its request line and headers (default 10)")
     add("--max-header-bytes", help="cap on request line + headers (default 64K); larger requests get 431")
     add("--ssl-certfile", type=Path, help="TLS certificate for the embedded server")

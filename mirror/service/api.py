@@ -116,7 +116,7 @@ class ApiService(ServiceCore):
         if cached is None:
             raise cause
         if not self.access.may_serve_stale(target.repo, "meta", caller):
-            raise self._unconfirmed(caller)
+            raise self._unconfirmed(caller, target.repo, "meta")
         self.metrics.stale_served.inc()
         log.warning("serving API %s %s stale: %s", target.repo.key, target.sub or "info", cause.message)
         return ApiResult(cached.status, cached.headers, cached.body, _STALE)

@@ -54,7 +54,7 @@ class ServiceCore:
         if revision != commit and hf.is_commit(commit):
             self.index.put_ref(repo, revision, commit)
 
-    def _unconfirmed(self, caller: Caller) -> MirrorError:
+    def _unconfirmed(self, caller: Caller, repo: hf.RepoRef | None = None, kind: str = "content") -> MirrorError:
         if self.settings.offline:
-            return offline_refusal(caller)
+            return offline_refusal(caller, unknown=repo is not None and self.access.visibility_unknown(repo, kind))
         return UpstreamUnavailable("Upstream is unreachable and access to this repo cannot be confirmed")

@@ -86,7 +86,7 @@ class FileService(ServiceCore):
                 raise type(cause)(f"{cause.message}; {target.path} is not cached on the mirror")
             raise cause
         if not self.access.may_serve_stale(target.repo, "content", caller):
-            raise self._unconfirmed(caller)
+            raise self._unconfirmed(caller, target.repo, "content")
         self.metrics.stale_served.inc()
         log.warning("serving %s %s stale: %s", target.repo.key, target.path, cause.message)
         return self._found(target.repo, entry, _STALE)

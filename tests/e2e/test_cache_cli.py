@@ -279,6 +279,60 @@ def test_import_a_client_cache_and_serve_it_offline(emu: Any, hub: Hub, tmp_path
         assert run_client(CLIENT_READS, mirror.url, reader) == expected
 
 
+def xet_client_cache(code: str, emu: Any, client_home: Path, tmp_path: Path) -> None:
+    """The real 2.x client (with hf_xet) fills its cache over Xet: the emulator's Xet hints point at a CAS only a
+    mirror serves (``--serve-xet``, on by default), so it downloads through one."""
+    with MirrorProcess(emu.url, tmp_path / "xet-mirror-cache") as mirror:
+        run_client(code, mirror.url, client_home, HF_HUB_DISABLE_XET="0")
+
+
+def test_import_a_hub_2x_cache_into_a_new_dir_and_serve_it_offline(emu: Any, hub: Hub, tmp_path: Path) -> None:
+    """huggingface_hub 2.x keeps Xet-downloaded files once per cache, in its shared blob store; each repo's
+    ``blobs/<etag>`` is a relative symlink into it. Import follows those links (a hardlink of the target, not of the
+    link), into a cache dir that does not exist yet; an offline mirror then serves the repos the import marked
+    public, and its refusal of the others names the way out."""
+    client_home = tmp_path / "client"
+    xet_client_cache(CLIENT_DOWNLOADS, emu, client_home, tmp_path)
+    hub_cache = client_home / "hub"
+    links = [p for p in hub_cache.glob("*/blobs/*") if p.is_symlink()]
+    assert links and all(not os.path.isabs(os.readlink(p)) for p in links)  # the 2.x layout, relative links
+    assert (hub_cache / "blobs" / ".huggingface-shared-blobs").is_file()
+    cache = tmp_path / "new" / "mirror-cache"  # neither it nor its parent exists
+    result = cli("cache", "import", str(hub_cache), "--public", "--cache-dir", str(cache))
+    assert result.returncode == 0, result.stdout + result.stderr
+    client_blobs = {p.name for p in hub_cache.glob("*/blobs/*")}
+    assert f"{len(client_blobs)} blobs added" in result.stdout and f"{len(client_blobs)} hardlinked" in result.stdout
+    assert "skipped" not in result.stderr, result.stderr  # the shared store is no repo folder, and no blob missing
+    assert blobs_in(cache) == client_blobs
+    for link in links:  # the mirror's blob is the shared store's file itself (hardlinked), never a link
+        stored = blob(cache, link.name)
+        assert not stored.is_symlink() and os.path.samefile(stored, link.resolve())
+    # Another client cache deleting its own copy leaves the mirror's intact (a hardlink, not a link).
+    shutil.rmtree(client_home)
+    expected = expected_reads(hub)
+    with MirrorProcess("http://127.0.0.1:9", cache, "--offline") as mirror:
+        reader = tmp_path / "reader"
+        assert run_client(CLIENT_READS, mirror.url, reader) == expected
+
+
+def test_an_offline_refusal_of_an_imported_repo_names_the_way_out(emu: Any, tmp_path: Path) -> None:
+    client_home = tmp_path / "client"
+    run_client(f'import json\nfrom huggingface_hub import snapshot_download\nsnapshot_download("{MODEL}")\n'
+               'print(json.dumps(1))', emu.url, client_home)
+    cache = tmp_path / "mirror-cache"
+    result = cli("cache", "import", str(client_home / "hub"), "--copy", "--cache-dir", str(cache))
+    assert result.returncode == 0, result.stdout + result.stderr
+    help_text = cli("cache", "import", "--help", env={"COLUMNS": "400"}).stdout
+    assert "--open-unknown-repos" in " ".join(help_text.split())
+    with MirrorProcess("http://127.0.0.1:9", cache, "--offline") as mirror:
+        for headers in ({}, {"authorization": "Bearer hf_some_token"}):
+            refused = httpx.get(f"{mirror.url}/{MODEL}/resolve/main/config.json", headers=headers)
+            assert refused.status_code in (401, 403), refused.text
+            message = refused.headers["x-error-message"]
+            assert "cache import --public" in message and "--open-unknown-repos" in message, message
+            assert refused.json()["error"] == message
+
+
 def test_import_refuses_corrupt_blobs(emu: Any, tmp_path: Path) -> None:
     client_home = tmp_path / "client"
     client_home.mkdir()

@@ -32,7 +32,7 @@ import pytest
 from tests.support.client_venvs import datasets_venv
 from tests.support.hub_emulator.fixtures import DENIED_TOKEN, GOOD_TOKEN
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
-from tests.support.mirror_proc import MirrorProcess, run_client, wait_for
+from tests.support.mirror_proc import MirrorProcess, metric, run_client, wait_for
 
 DATASET = "acme/tiny-parquet"
 BRANCH = "refs%2Fconvert%2Fparquet"
@@ -195,6 +195,30 @@ def test_load_dataset_uses_the_mirrors_info(emulator: EmulatorHandle, tmp_path: 
         assert out["info_used"] is False and out["schema_reads"] >= 1, out
         assert _viewer_requests(emulator) == []
         wait_for(lambda: "/info 404" in mirror.log(), timeout=10)  # (flushed every 0.2 s)
+
+
+def test_viewer_through_a_chain_of_mirrors_named_by_address(emulator: EmulatorHandle, tmp_path: Path) -> None:
+    """A regional mirror B whose upstream is a central mirror A named by IP address (``http://127.0.0.1:PORT``),
+    with no viewer setting: B's viewer host is ``datasets-server.127.0.0.1:PORT``, a name no resolver answers, so B
+    connects to A's address with that name as the Host, and A answers it as its viewer host (from the emulator's
+    viewer). The client's load used that /info."""
+    train, test = _expected_rows(emulator)
+    with _mirror(emulator, tmp_path / "cache-a") as central, \
+            MirrorProcess(central.url, tmp_path / "cache-b") as regional:
+        emulator.reset_stats()
+        out = _load(regional, tmp_path / "home", streaming=False)
+        assert out["ids"] == {"train": train, "test": test}
+        assert out["info_used"] is True and out["schema_reads"] == 0, out
+        # Asked once, at A's viewer host (its viewer route, not its Hub routes), which asked the emulator's viewer.
+        assert [r["path"] for r in _viewer_requests(emulator)] == [f"/info?dataset={DATASET.replace('/', '%2F')}"]
+        assert metric(central, "hf_mirror_requests_total", route="viewer", outcome="miss") == 1
+        assert metric(regional, "hf_mirror_requests_total", route="viewer", outcome="miss") == 1
+        # A's answer passed through B's rewriting: its URLs name B's hosts, neither A's nor the emulator's.
+        parquet = _viewer_get(regional, f"/parquet?dataset={DATASET}&split=train")
+        assert parquet.status_code == 200, parquet.text
+        url = parquet.json()["parquet_files"][0]["url"]
+        assert url == f"{regional.url}/datasets/{DATASET}/resolve/{BRANCH}/default/train/0000.parquet"
+        assert metric(central, "hf_mirror_requests_total", route="viewer", outcome="miss") == 2
 
 
 def test_offline_info_from_the_cached_parquet_footers(emulator: EmulatorHandle, tmp_path: Path,

@@ -21,7 +21,11 @@ def repo_folder_name(repo: hf.RepoRef) -> str:
 
 def link_or_copy(source: Path, dest: Path, link: bool) -> bool:
     """Put ``source``'s bytes at ``dest`` (replacing any file there): a hardlink when ``link`` and the disk allows
-    it, a copy otherwise. True when linked."""
+    it, a copy otherwise. True when linked.
+
+    A symlinked ``source`` is followed to its file first (huggingface_hub 2.x: a repo's ``blobs/<etag>`` is a
+    relative link into the cache-wide shared store): a hardlink of the link itself would dangle at ``dest``."""
+    source = Path(os.path.realpath(source))
     dest.unlink(missing_ok=True)
     if link:
         try:
