@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests.support.hub_emulator.fixtures import GOOD_TOKEN
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.support.mirror_proc import MirrorProcess
 
@@ -46,3 +47,31 @@ def test_actions_take_json_only_from_the_mirrors_own_origin(emu, tmp_path):
                                                           "origin": origin})
             assert same.status_code == 200 and same.json()["pinned"] is True, same.text
         assert http.get("/api/mirror/status").json()["repos"][0]["pinned"] is True
+
+
+def test_what_the_lent_token_unlocks_is_not_granted_to_other_origins(emu, tmp_path):
+    """With --lend-upstream-token, a private or gated file read through the service token carries no CORS grant (a
+    page on another origin cannot read it through an intranet user's browser); public files and JSON keep ``*``."""
+    page = {"origin": "http://evil.example:8000"}
+    lending = ("--upstream-token", GOOD_TOKEN, "--lend-upstream-token")
+    with MirrorProcess(emu.url, tmp_path / "cache", *lending) as mirror, \
+            httpx.Client(base_url=mirror.url, timeout=30) as http:
+        for _ in range(2):  # cold (from upstream), then cached
+            for path in ("/acme/private-model/resolve/main/config.json",
+                         "/acme/gated-model/resolve/main/model.safetensors", "/api/models/acme/private-model",
+                         "/api/models/acme/gated-model"):  # (the emulator refuses a gated repo's info anonymously)
+                for method in ("GET", "HEAD"):
+                    lent = http.request(method, path, headers=page)
+                    assert lent.status_code == 200, (path, lent.text)  # the lent token reads it, as before
+                    assert "access-control-allow-origin" not in lent.headers, (method, path, lent.headers)
+            public = http.get(CONFIG, headers=page)
+            assert public.status_code == 200 and public.headers["access-control-allow-origin"] == "*"
+            assert "x-repo-commit" in public.headers["access-control-expose-headers"].lower()
+            info = http.get("/api/models/acme/tiny-model", headers=page)
+            assert info.status_code == 200 and info.headers["access-control-allow-origin"] == "*"
+            missing = http.get("/acme/tiny-model/resolve/main/no-such-file.bin", headers=page)
+            assert missing.status_code == 404 and missing.headers["access-control-allow-origin"] == "*"
+        # A caller's own token is theirs to use from any page: its answers keep the grant.
+        own = http.get("/acme/private-model/resolve/main/config.json",
+                       headers={**page, "authorization": f"Bearer {GOOD_TOKEN}"})
+        assert own.status_code == 200 and own.headers["access-control-allow-origin"] == "*"
