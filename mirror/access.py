@@ -40,6 +40,9 @@ class Caller:
 
     token: str | None
     own_token: bool = False
+    # The service token, lent to a caller that sent none (--lend-upstream-token): what it unlocks is the operator's
+    # to share with the callers, never with every web page they open (see MirrorApp: no CORS grant for it).
+    lent: bool = False
     check: Callable[[RepoRef], None] | None = field(default=None, compare=False)
 
 
@@ -80,6 +83,11 @@ class AccessPolicy:
     def is_public(self, repo: RepoRef, kind: str) -> bool:
         known = self._recall(("public", kind, repo))
         return bool(known and known[0])
+
+    def visibility(self, repo: RepoRef, kind: str) -> bool | None:
+        """Whether an anonymous caller may read ``kind`` of ``repo``; ``None``: not known."""
+        known = self._recall(("public", kind, repo))
+        return None if known is None else bool(known[0])
 
     def known_allowed(self, repo: RepoRef, kind: str, caller: Caller) -> bool:
         """Access confirmed for this token within the grace period (used when upstream cannot be asked)."""

@@ -45,6 +45,7 @@ from mirror.xet.tokens import load_secret
 log = logging.getLogger("hf_mirror")
 # Operations routes that show repo names and traffic: in mirror-auth mode, for mirror-token holders only.
 _GUARDED_OPS = ("", "/metrics", "/api/mirror/status")
+_LENT = "hf_mirror.lent"  # scope key: (repo, kind) of an answer for a caller lent the service token
 
 
 class Mirror:
@@ -149,12 +150,34 @@ class MirrorApp:
         assert self.mirror is not None
         await self.mirror.cache.current_snapshot()
 
-    def caller(self, scope: Scope, repo: hf.RepoRef | None) -> Caller:
-        """The request's identity (401 in auth mode without a valid mirror token), checked against the lists."""
+    def caller(self, scope: Scope, repo: hf.RepoRef | None, kind: str = "content") -> Caller:
+        """The request's identity (401 in auth mode without a valid mirror token), checked against the lists.
+        ``kind``: what the answer shows of ``repo`` (``content``, or ``meta`` for the Hub API's JSON)."""
         caller, principal = self.auth.caller(bearer_token(scope))
         if repo is not None:
             self.auth.authorize(principal, repo)
+            if caller.lent:
+                scope[_LENT] = (repo, kind)
         return caller
+
+    async def lent_caller(self, scope: Scope, repo: hf.RepoRef | None, kind: str = "content") -> Caller:
+        """:meth:`caller`, and for a caller lent the service token, whether ``repo`` is public learned first: the
+        answer may then go to a page on any origin (see :meth:`_any_origin`)."""
+        caller = self.caller(scope, repo, kind)
+        if caller.lent and repo is not None:
+            assert self.mirror is not None
+            await self.mirror.service.learn_visibility(repo, caller)
+        return caller
+
+    def _any_origin(self, scope: Scope) -> bool:
+        """Whether the answer carries ``Access-Control-Allow-Origin: *``: always, as the Hub does, but for an answer
+        the lent service token unlocked (``--lend-upstream-token``): the operator lends it to the callers, not to
+        every web page they open (a page on another origin would read a private file through their browser)."""
+        lent = scope.get(_LENT)
+        if lent is None:
+            return True
+        assert self.mirror is not None
+        return self.mirror.access.visibility(*lent) is True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.mirror is None:
@@ -164,7 +187,7 @@ class MirrorApp:
         request_id = request_id_from(scope["headers"])
         status_box: list[int] = [0]
         size_box: list[int | None] = [None]
-        extra_headers = [*CORS_HEADERS, (b"x-request-id", request_id.encode())]
+        request_header = (b"x-request-id", request_id.encode())
 
         async def send_outward(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
@@ -172,7 +195,8 @@ class MirrorApp:
                 for name, value in message.get("headers", ()):
                     if name == b"content-length" and scope["method"] != "HEAD":
                         size_box[0] = int(value)
-                message["headers"] = [*message.get("headers", ()), *extra_headers]
+                cors = CORS_HEADERS if self._any_origin(scope) else ()
+                message["headers"] = [*message.get("headers", ()), *cors, request_header]
             await send(message)
 
         # The zero-copy path needs uvicorn's own bound ``send`` (see mirror.routes.sendfile): it travels in the scope.
@@ -201,7 +225,7 @@ class MirrorApp:
                 query = query_pairs(scope)
                 endpoint, dataset = viewer_target(raw_path, query)
                 return await self.mirror.viewer.viewer(scope, send, endpoint, dataset, query,
-                                                       self.caller(scope, dataset))
+                                                       await self.lent_caller(scope, dataset))
             if raw_path == CAS_PREFIX or raw_path.startswith(CAS_PREFIX + "/"):  # the mirror's Xet CAS
                 if self.mirror.xet_cas is None:
                     raise RouteNotFound("Xet is not served by this mirror; clients download over HTTP")
@@ -222,10 +246,12 @@ class MirrorApp:
                 raise MethodNotAllowed(f"{method} is not allowed here: this mirror is read-only",
                                        allow=route.methods)
             if route.resolve is not None:
-                caller = self.caller(scope, route.resolve.repo)
+                caller = await self.lent_caller(scope, route.resolve.repo)
                 return await self.mirror.resolve(scope, receive, send, route.resolve, caller)
             if route.api is not None:
-                caller = self.caller(scope, route.api.repo)
+                # The Hub's JSON about a repo is its metadata; its Xet token and parquet files are its content.
+                meta = route.api.sub not in ("xet-read-token", "parquet")
+                caller = await self.lent_caller(scope, route.api.repo, "meta" if meta else "content")
                 if route.api.sub == "xet-read-token" and self.mirror.xet_token is not None:
                     return await self.mirror.xet_token.token(scope, send, route.api, caller)
                 if route.api.sub == "parquet":  # the parquet conversion's listing and files (mirror.viewer)

@@ -104,7 +104,8 @@ class MirrorAuth:
         if not self.required:
             if bearer:
                 return Caller(bearer, own_token=True, check=self.filter.check), None
-            return Caller(self.service_token if self.lend else None, check=self.filter.check), None
+            lent = bool(self.lend and self.service_token)
+            return Caller(self.service_token if lent else None, lent=lent, check=self.filter.check), None
         principal = self.principal(bearer)
         return Caller(self.service_token, check=functools.partial(self.authorize, principal)), principal
 

@@ -152,6 +152,10 @@ class Settings(BaseSettings):
     # storage) and, if that is not enough, the file is relayed from upstream without being stored.
     min_free_space: Size = 256 * 1024**2
     gc_interval: float = 600.0
+    # Remembered 404s and refusals (anyone's input: any path or repo name can be asked for) kept in the index at
+    # most: the oldest go first. Their bytes count in the quota (``max_size``).
+    negative_max_entries: int = Field(10_000, ge=0)
+    negative_max_bytes: Bytes = 16 * 1024**2
     # The scrub re-hashes stored blobs in the background at most this many bytes per second (0: off): every blob
     # once a cycle, and a blob right after its first hit in this process, so a blob corrupted on disk is served at
     # most until its check ends, then refetched.

@@ -13,6 +13,8 @@ Keys and what they mean:
 
 diskcache's defaults (1 GiB size limit, least-recently-stored eviction) would silently drop entries: the index is
 opened with ``eviction_policy="none"`` and no size limit; blobs are evicted by ``mirror.cache``, never by diskcache.
+Negative entries (remembered 404s and refusals: anyone's input, since any path or repo name can be asked for) carry
+diskcache's tag ``neg`` and are bounded in number and bytes, the oldest dropped first (:meth:`negative_usage`).
 Immutable file entries are also kept in a small in-process LRU, since the warm HEAD path reads them on every request.
 
 Every key is built in this module, blob names (:func:`blob_key`) included; the index lives in :func:`index_dir`.
@@ -21,6 +23,7 @@ Every key is built in this module, blob names (:func:`blob_key`) included; the i
 from __future__ import annotations
 
 import hashlib
+import pickle
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -65,6 +68,18 @@ class ApiEntry:
 
 
 NEGATIVE_TTL = 86400.0  # seconds a remembered 404 (file, tree path) is kept; a commit's content never changes
+NEGATIVE_MAX_ENTRIES = 10_000
+NEGATIVE_MAX_BYTES = 16 * 1024**2
+_NEGATIVE = "neg"  # the diskcache tag of negative entries
+# What one entry holds on disk beyond its key and value: the row's other columns and SQLite's per-row cost (the key
+# is counted twice: the row and the key index). 2,000 remembered 404s: 547 bytes each on disk, 544 counted.
+_ROW_OVERHEAD = 128
+_ROW_BYTES = f"2 * length(key) + COALESCE(length(value), 0) + size + {_ROW_OVERHEAD}"
+# A trim goes down to this share of each bound: one trim makes room for many new entries.
+_NEGATIVE_LOW_WATER = 0.9
+# Each process counts the negative entries again (one SQL query) after this many of its own: other workers' entries
+# are then seen too, so the bound holds across processes within that many entries each.
+_NEGATIVE_RECOUNT = 256
 _SEP = "\x1f"  # string keys: diskcache stores str natively, tuples are pickled (slow on the hot path)
 
 
@@ -103,6 +118,11 @@ def api_query_key(query: list[tuple[str, str]], form: list[tuple[str, str]] | No
     return key
 
 
+def _entry_bytes(key: str, value: Any) -> int:
+    """An entry's bytes as :data:`_ROW_BYTES` counts them (diskcache stores a pickle of the value)."""
+    return 2 * len(key.encode()) + len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)) + _ROW_OVERHEAD
+
+
 class _Lru:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -122,10 +142,18 @@ class _Lru:
 
 
 class MetadataIndex:
-    def __init__(self, directory: Path) -> None:
-        self._cache = diskcache.Cache(str(directory), size_limit=2**62, eviction_policy="none", cull_limit=0)
+    def __init__(self, directory: Path, *, negative_max_entries: int = NEGATIVE_MAX_ENTRIES,
+                 negative_max_bytes: int = NEGATIVE_MAX_BYTES) -> None:
+        # tag_index: the negative entries are counted and trimmed through diskcache's index on (tag, rowid).
+        self._cache = diskcache.Cache(str(directory), size_limit=2**62, eviction_policy="none", cull_limit=0,
+                                      tag_index=True)
         self._files = _Lru(50_000)
         self._refs: dict[tuple[str, str], RefEntry] = {}
+        self.negative_bounds = (negative_max_entries, negative_max_bytes)
+        # (entries, bytes) of the negative entries as last counted, plus this process's since (never less than the
+        # truth but for other workers' entries); None: not counted yet.
+        self._negative: tuple[int, int] | None = None
+        self._negative_puts = 0
 
     def close(self) -> None:
         self._cache.close()
@@ -168,16 +196,21 @@ class MetadataIndex:
     def put_file(self, repo: RepoRef, entry: FileEntry) -> None:
         key = _key("file", repo.type.value, repo.repo_id, entry.commit, entry.path)
         self._files.put(key, entry)
-        # A known absence is anyone's input (any path can be asked for): it expires, so junk cannot pile up.
-        self._cache.set(key, entry, expire=NEGATIVE_TTL if entry.missing else None)
+        if entry.missing:  # a known absence is anyone's input (any path can be asked for): expires, and bounded
+            self._put_negative(key, entry, NEGATIVE_TTL)
+        else:
+            self._cache.set(key, entry)
 
     # API JSON --------------------------------------------------------------------------------------------------
     def get_api(self, repo: RepoRef, revision: str | None, route: str, query: str) -> ApiEntry | None:
         return self._cache.get(_key("api", repo.type.value, repo.repo_id, revision, route, query))
 
     def put_api(self, repo: RepoRef, revision: str | None, route: str, query: str, entry: ApiEntry) -> None:
-        expire = NEGATIVE_TTL if entry.status >= 400 else None
-        self._cache.set(_key("api", repo.type.value, repo.repo_id, revision, route, query), entry, expire=expire)
+        key = _key("api", repo.type.value, repo.repo_id, revision, route, query)
+        if entry.status >= 400:
+            self._put_negative(key, entry, NEGATIVE_TTL)
+        else:
+            self._cache.set(key, entry)
 
     # Xet hashes upstream gave (mirror.xet.catalog) --------------------------------------------------------------
     def get_xet(self, repo: RepoRef, parts: tuple[str, ...]) -> Any:
@@ -217,7 +250,56 @@ class MetadataIndex:
 
     def put_access(self, subject: str, kind: str, repo: RepoRef, value: tuple[bool, float],
                    expire: float | None = None) -> None:
-        self._cache.set(_key("access", subject, kind, repo.key), value, expire=expire)
+        key = _key("access", subject, kind, repo.key)
+        if value[0]:
+            self._cache.set(key, value, expire=expire)
+        else:  # a refusal: any repo name, any token can be sent; dropped early, it is only asked again
+            self._put_negative(key, value, expire)
+
+    # negative entries ------------------------------------------------------------------------------------------
+    def _put_negative(self, key: str, value: Any, expire: float | None) -> None:
+        self._cache.set(key, value, expire=expire, tag=_NEGATIVE)
+        entries, size = self._negative if self._negative is not None else self._count_negative()
+        entries, size = entries + 1, size + _entry_bytes(key, value)
+        self._negative, self._negative_puts = (entries, size), self._negative_puts + 1
+        max_entries, max_bytes = self.negative_bounds
+        if entries > max_entries or size > max_bytes or self._negative_puts >= _NEGATIVE_RECOUNT:
+            self.trim_negative()
+
+    def _count_negative(self) -> tuple[int, int]:
+        entries, size = self._cache._sql(
+            f"SELECT COUNT(*), COALESCE(SUM({_ROW_BYTES}), 0) FROM Cache WHERE tag = ?", (_NEGATIVE,)).fetchone()
+        return int(entries), int(size)
+
+    def negative_usage(self, *, exact: bool = True) -> tuple[int, int]:
+        """(entries, bytes on disk, estimated) of the negative entries; ``exact=False``: this process's running
+        count, no SQL (for the quota on the fill path)."""
+        if exact or self._negative is None:
+            self._negative = self._count_negative()
+            self._negative_puts = 0
+        return self._negative
+
+    def trim_negative(self) -> int:
+        """Over either bound, drop the oldest negative entries down to ``_NEGATIVE_LOW_WATER`` of both; returns how
+        many went. (Expired ones are the oldest: they go first.)"""
+        entries, size = self.negative_usage()
+        max_entries, max_bytes = self.negative_bounds
+        if entries <= max_entries and size <= max_bytes:
+            return 0
+        keep_entries, keep_bytes = int(max_entries * _NEGATIVE_LOW_WATER), int(max_bytes * _NEGATIVE_LOW_WATER)
+        rows = self._cache._sql(
+            f"SELECT key, {_ROW_BYTES} FROM Cache WHERE tag = ? ORDER BY store_time, rowid", (_NEGATIVE,)).fetchall()
+        dropped = 0
+        with self._cache.transact():
+            for key, row_bytes in rows:
+                if entries <= keep_entries and size <= keep_bytes:
+                    break
+                if self._cache.delete(key):
+                    self._files.data.pop(key, None)
+                    dropped += 1
+                entries, size = entries - 1, size - row_bytes
+        self._negative = (max(entries, 0), max(size, 0))
+        return dropped
 
     # pins ------------------------------------------------------------------------------------------------------
     def set_pins(self, repos: list[RepoRef], source: str) -> None:

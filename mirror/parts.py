@@ -78,7 +78,8 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     metrics = metrics if metrics is not None else Metrics()
     settings.cache_dir.mkdir(parents=True, exist_ok=True)
     store = open_store(settings)
-    index = MetadataIndex(index_dir(settings.cache_dir))
+    index = MetadataIndex(index_dir(settings.cache_dir), negative_max_entries=settings.negative_max_entries,
+                          negative_max_bytes=settings.negative_max_bytes)
     upstream = UpstreamClient(settings, metrics)
     fills = fill_manager(
         store, upstream, metrics, chunk_size=settings.fill_chunk_size, lease_ttl=settings.lease_stale_seconds,

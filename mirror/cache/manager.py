@@ -67,7 +67,7 @@ class CacheManager(UsageReports, Maintenance):
     async def collect(self, max_size: int | None = None, *, free: int = 0) -> GcReport:
         """Evict least-recently-used unpinned, idle blobs until the total is under the quota, or ``free`` bytes
         under what it is now (whichever is lower)."""
-        limit = max_size if max_size is not None else self.max_size
+        limit = max_size if max_size is not None else self._blob_quota()
         async with self._lock:
             blobs = await self.blobs()
             total = sum(b.size for b in blobs)
@@ -106,7 +106,7 @@ class CacheManager(UsageReports, Maintenance):
         if self.max_size:
             if self._used is None:
                 self._used = sum(b.size for b in await self.blobs())
-            over = self._used + reserved + size - self.max_size
+            over = self._used + reserved + size - (self._blob_quota() or 0)
             if over > 0:
                 report = await self.collect(free=over + int(self.max_size * (1 - _QUOTA_LOW_WATER)))
                 log.info("quota: evicted %d blobs (%d bytes) for a new %d-byte fill", report.evicted,
@@ -122,6 +122,13 @@ class CacheManager(UsageReports, Maintenance):
         if self._used is not None:
             self._used += size
         return True
+
+    def _blob_quota(self) -> int | None:
+        """``max_size`` less the bytes of the index's negative entries (remembered 404s: bounded, and counted in the
+        cache's usage so that anyone's 404s cannot grow it past the quota); this process's running count, no SQL."""
+        if not self.max_size:
+            return self.max_size
+        return max(self.max_size - self.index.negative_usage(exact=False)[1], 1)
 
     def _shortfall(self, need: int) -> int:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -86,6 +86,10 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
     add("--max-size", help="disk quota for blobs, e.g. 500G; least recently used unpinned blobs are evicted")
     add("--gc-interval", type=float, help="seconds between periodic passes that check the quota against what every "
         "worker wrote and drop expired index entries (default 600; fills keep the quota as they start)")
+    add("--negative-max-entries", type=int, help="remembered 404s and refusals the index keeps at most, the oldest "
+        "dropped first (default 10000)")
+    add("--negative-max-bytes", help="bytes those entries may hold in the index, e.g. 16M (default 16MiB); counted "
+        "in --max-size")
     add("--scrub-rate", help="bytes/s the background scrub may read to re-hash stored blobs, e.g. 32M (default; 0: "
         "off): a blob after its first hit, and the whole store every 6 h")
     add("--min-free-space", help="free disk a new fill must leave, e.g. 10G (default 256M): short of it, old blobs "

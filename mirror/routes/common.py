@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from urllib.parse import urlsplit
 
 from mirror import hf
@@ -144,19 +145,50 @@ def refuse_cross_site(scope: Scope) -> None:
     """No web page on another origin may trigger an action: the body must be JSON (a cross-origin page must then
     send a preflight, which these routes never grant), and a browser's request from another origin is refused by
     its ``Origin`` / ``Sec-Fetch-Site`` headers (a plain form cannot send JSON, but belt and braces)."""
-    if "application/json" not in (header(scope, b"content-type") or "").lower():
-        raise UnsupportedMediaType("send the request with Content-Type: application/json")
     site = (header(scope, b"sec-fetch-site") or "").lower()
     origin = header(scope, b"origin")
     if site and site not in ("same-origin", "none"):
         raise AccessDenied("cross-site requests cannot change the mirror", status=403, code="CrossSiteRequest")
-    if origin is None:
-        return  # not a browser's cross-origin request (browsers send Origin on every cross-origin POST)
-    # Host names only: a front (nginx's ``proxy_set_header Host $host``) may drop the port the browser used.
-    hosts = {_hostname(header(scope, b"host")), _hostname(header(scope, b"x-forwarded-host"))} - {""}
-    if origin == "null" or (urlsplit(origin).hostname or "").lower() not in hosts:
+    if origin is not None:  # else not a browser's cross-origin request (browsers send Origin on every one)
+        _refuse_other_origin(scope, origin)
+    if not is_json_media_type(header(scope, b"content-type")):
+        raise UnsupportedMediaType("send the request with Content-Type: application/json")
+
+
+def _refuse_other_origin(scope: Scope, origin: str) -> None:
+    # The whole origin: another port of the same host is another site's page (its own server, its own scripts). The
+    # request's own origin is its scheme (X-Forwarded-Proto behind a trusted front: uvicorn's proxy headers) with
+    # the Host it was sent to, or the X-Forwarded-Host a front passed on (a browser cannot set either cross-origin
+    # without a preflight, which these routes never grant).
+    scheme = scope.get("scheme", "http")
+    own = {_origin(f"{scheme}://{value.split(',')[0].strip()}")
+           for value in (header(scope, b"host"), header(scope, b"x-forwarded-host")) if value}
+    if _origin(origin) is None or _origin(origin) not in own:
         raise AccessDenied("cross-origin requests cannot change the mirror", status=403, code="CrossSiteRequest")
 
 
-def _hostname(value: str | None) -> str:
-    return (urlsplit("//" + value.split(",")[0].strip()).hostname or "").lower() if value else ""
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+# RFC 9110 media type: type "/" subtype *( OWS ";" OWS parameter ), a parameter's value a token or a quoted string.
+_MEDIA_TYPE = re.compile(rf'\s*({_TOKEN})/({_TOKEN})(?:\s*;\s*{_TOKEN}=(?:{_TOKEN}|"(?:[^"\\]|\\.)*"))*\s*')
+
+
+def is_json_media_type(value: str | None) -> bool:
+    """``application/json`` exactly (case-insensitive, parameters such as ``charset`` allowed): what a browser can
+    only send after a preflight. ``text/plain; application/json`` is text/plain, which it sends without one."""
+    match = _MEDIA_TYPE.fullmatch(value or "")
+    return match is not None and (match[1].lower(), match[2].lower()) == ("application", "json")
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(value: str) -> tuple[str, str, int] | None:
+    """An origin as (scheme, host, port), the default port filled in; ``None`` for an opaque one (``null``)."""
+    try:
+        parts = urlsplit(value.strip())
+        scheme, host, port = parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+    except ValueError:  # a port that is not a number, or out of range
+        return None
+    if scheme not in _DEFAULT_PORTS or not host:
+        return None
+    return scheme, host, port if port is not None else _DEFAULT_PORTS[scheme]

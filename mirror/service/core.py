@@ -33,6 +33,7 @@ class ServiceCore:
         self.make_room = make_room
         self.on_hit = on_hit  # a stored blob was served: the scrub checks it (once per file, in the background)
         self._probes: dict[tuple[str, str, str], asyncio.Future[object]] = {}  # access probes in flight (files)
+        self._visibility: dict[str, asyncio.Future[None]] = {}  # learn_visibility's questions in flight
         # Upstream's Xet hashes (mirror.xet.XetCatalog), set by the app when it serves Xet: learned from upstream's
         # answers, put back on tree / paths-info answers (the cached JSON stays Xet-free).
         self.xet: Any = None
@@ -53,6 +54,37 @@ class ServiceCore:
     def _remember_ref(self, repo: hf.RepoRef, revision: str, commit: str) -> None:
         if revision != commit and hf.is_commit(commit):
             self.index.put_ref(repo, revision, commit)
+
+    async def learn_visibility(self, repo: hf.RepoRef, caller: Caller) -> None:
+        """For a caller lent the service token, whose own requests upstream never tell what an anonymous caller may
+        read: the repo's info asked anonymously (once per repo while the answer is remembered; concurrent callers
+        share it). Public metadata, and public content unless the repo is gated. Unknown when upstream is down."""
+        if self.settings.offline or (self.access.visibility(repo, "meta") is not None
+                                     and self.access.visibility(repo, "content") is not None):
+            return
+        task = self._visibility.get(repo.key)
+        if task is None:
+            task = self._visibility[repo.key] = asyncio.ensure_future(self._ask_visibility(repo, caller))
+            task.add_done_callback(lambda _done: self._visibility.pop(repo.key, None))
+        await asyncio.shield(task)
+
+    async def _ask_visibility(self, repo: hf.RepoRef, caller: Caller) -> None:
+        try:
+            answer = await self.upstream.api("GET", repo.api_path(), None, guard=caller.check)
+        except MirrorError:
+            return  # down, or refused by the operator's lists: not known, so not granted to other origins
+        if answer.status_code in (401, 403, 404):
+            self.access.record_public(repo, "meta", None, public=False)
+            self.access.record_public(repo, "content", None, public=False)
+        elif answer.status_code == 200:
+            try:
+                info = answer.json()
+            except ValueError:
+                return
+            if isinstance(info, dict):
+                self.access.record_public(repo, "meta", None)
+                self.access.record_public(repo, "content", None, public=not info.get("private") and
+                                          info.get("gated") in (False, None))
 
     def _unconfirmed(self, caller: Caller, repo: hf.RepoRef | None = None, kind: str = "content") -> MirrorError:
         if self.settings.offline:

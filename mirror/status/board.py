@@ -107,6 +107,7 @@ class StatusBoard:
             fills = [f for f in fills if visible(*f["repo"].split(":", 1))]
             warming = [j for j in warming if visible(j["type"], j["repo"])]
         counts = self._outcomes()
+        negative = await asyncio.to_thread(self.cache.index.negative_usage)  # one SQL count
         return {
             "upstream": {"url": self.settings.upstream_display, "healthy": self.upstream.healthy,
                          "last_error": self.upstream.last_error},
@@ -117,6 +118,8 @@ class StatusBoard:
             # None: the first count of a large cache is still running (the repos and totals come when it ends).
             "snapshot_age": round(max(0.0, time.time() - snap.taken_at), 1) if snap.taken_at else None,
             "index_bytes": self.cache.index.volume(),
+            # Remembered 404s and refusals: bounded (--negative-max-entries/-bytes), their bytes in the quota.
+            "negative_entries": negative[0], "negative_bytes": negative[1],
             "max_size": self.settings.max_size,
             "hits": int(counts.get("hit", 0)), "misses": int(counts.get("miss", 0)),
             "stale": int(counts.get("stale", 0)),
