@@ -321,13 +321,15 @@ class WarmJobs:
         chosen = set(select([f.path for f in files], request.allow, request.ignore))
         selected = [f for f in files if f.path in chosen]
         missing = []
-        for item in selected:
+        for n, item in enumerate(selected, 1):
             try:
                 stored = await backend.cached(job, item)
             except MirrorError:
                 stored = False
             if not stored:
                 missing.append(item.path)
+            if n % 256 == 0:
+                await asyncio.sleep(0)  # a stat per file: other clients get the loop in between
         return Readiness(not missing, job.commit, len(selected), tuple(sorted(missing)))
 
     async def aclose(self) -> None:
