@@ -223,8 +223,7 @@ class WarmJobs:
         pending = self._admitting.get(identity)
         if pending is not None:  # the same warm is being admitted for another request: its answer is this one's
             return await asyncio.shield(pending)
-        queued = sum(1 for j in self._active.values() if j.state == "queued") + len(self._admitting)
-        if queued >= self.queue:
+        if len(self._active) + len(self._admitting) >= self.running + self.queue:  # an admission counts as a job
             raise RetryLater(f"the warm queue is full ({self.running} running, {self.queue} waiting); try again later",
                              retry_after=_QUEUE_RETRY_AFTER, status=503, code="WarmQueueFull", policy="warm-queue")
         future: asyncio.Future[WarmJob] = asyncio.get_running_loop().create_future()
