@@ -207,6 +207,14 @@ class Settings(BaseSettings):
     max_header_bytes: Bytes = Field(64 * 1024, ge=4096)
     header_timeout: float = Field(10.0, gt=0)
     max_api_body: Size = 32 * 1024**2
+    # Warm on request (POST /api/mirror/warm), bounded so that no caller can stall the clients: identical warms share
+    # one job; at most ``warm_jobs`` run at once and ``warm_queue`` more wait (beyond: 503 + Retry-After); each
+    # caller (its token's digest, else its address) may ask ``warm_rate`` warms a minute (beyond: 429 + Retry-After;
+    # 0: no limit); a warm selecting more than ``warm_max_bytes`` (0: no cap) needs an operator credential (413).
+    warm_jobs: int = Field(2, ge=1)
+    warm_queue: int = Field(16, ge=0)
+    warm_rate: float = Field(60.0, ge=0)
+    warm_max_bytes: Size = 50 * 1000**3
     # TLS for the embedded server.
     ssl_certfile: OptionalPath = None
     ssl_keyfile: OptionalPath = None

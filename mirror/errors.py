@@ -7,6 +7,8 @@
     ├── UnsupportedMediaType         415  the mirror's own actions take JSON only
     ├── HeadersTooLarge              431  request headers over the mirror's limit
     ├── RangeNotSatisfiable          416
+    ├── TooLarge                     413  a request over a size cap (a warm over --warm-max-bytes)
+    ├── RetryLater                   429/503 a bound reached (a caller's rate, a full queue); carries ``Retry-After``
     ├── AccessDenied                 401/403 mirror-side access control and allow/deny lists
     ├── HubError                     any status: an error the Hub itself answered (code/message passed through)
     │   ├── RepoNotFound             404
@@ -71,6 +73,24 @@ class RangeNotSatisfiable(MirrorError):
 
     def __init__(self, size: int) -> None:
         super().__init__("Requested range not satisfiable", headers={"Content-Range": f"bytes */{size}"})
+
+
+class TooLarge(MirrorError):
+    status = 413
+    code = "TooLarge"
+
+
+class RetryLater(MirrorError):
+    """A bound was reached: this caller's rate (429) or everyone's queue (503); ``Retry-After`` says when to ask
+    again (also as the ``RateLimit`` header, which the Hub's clients read on a 429)."""
+
+    def __init__(self, message: str, *, retry_after: float, status: int = 429, code: str = "TooManyRequests",
+                 policy: str = "mirror") -> None:
+        seconds = max(1, int(retry_after + 0.999))
+        super().__init__(message, headers={"Retry-After": str(seconds), "RateLimit": f'"{policy}";r=0;t={seconds}'})
+        self.status = status
+        self.code = code
+        self.retry_after = seconds
 
 
 class AccessDenied(MirrorError):

@@ -127,6 +127,12 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
     add("--viewer-upstream", help="the dataset viewer's host upstream (default: datasets-server.<upstream host>; "
         "datasets-server.<IP address> is reached at that address with the name as Host, as a chained mirror "
         "answers it); off: answer the viewer from the cache only")
+    add("--warm-jobs", type=int, help="warm jobs (POST /api/mirror/warm) running at once (default 2)")
+    add("--warm-queue", type=int, help="warm jobs waiting beyond --warm-jobs (default 16); beyond it, 503")
+    add("--warm-rate", type=float, help="warm requests a caller (token, else address) may make a minute "
+        "(default 60; 0: no limit); beyond it, 429 with Retry-After")
+    add("--warm-max-bytes", help="largest warm, in selected bytes, a caller without an operator credential may "
+        "start, e.g. 50G (default; 0: no cap); beyond it, 413")
     add("--header-timeout", type=float, help="seconds a client has to send its request line and headers (default 10)")
     add("--max-header-bytes", help="cap on request line + headers (default 64K); larger requests get 431")
     add("--ssl-certfile", type=Path, help="TLS certificate for the embedded server")

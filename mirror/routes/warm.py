@@ -11,10 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from mirror import hf
-from mirror.access import Caller
+from mirror.access import Caller, token_digest
 from mirror.asgi import Receive, Scope, Send
 from mirror.errors import BadRequest, MirrorError, RouteNotFound
-from mirror.routes.common import query_pairs, read_body, refuse_cross_site, send_error
+from mirror.routes.common import bearer_token, query_pairs, read_body, refuse_cross_site, send_error
 from mirror.sync.warm import WarmJobs, WarmRequest
 
 _MAX_BODY = 64 * 1024
@@ -33,8 +33,9 @@ class WarmHandler:
             path = raw_path.rstrip("/")
             if path == "/api/mirror/warm":
                 request = _request(await self._json_body(scope, receive))
-                job = await self.jobs.submit(request, authorize(request.repo))
-                await _send_json(send, 202, {"id": job.id, "commit": job.commit})
+                # operator: no operator credential is known to this route yet, so every caller gets the size cap.
+                job = await self.jobs.submit(request, authorize(request.repo), who=_who(scope), operator=False)
+                await _send_json(send, 202, job.as_json())  # an identical warm queued or running: that job
                 return "warm"
             if path == "/api/mirror/ready":
                 query = query_pairs(scope)
@@ -65,6 +66,15 @@ class WarmHandler:
             return json.loads(body or b"{}")
         except ValueError:
             raise BadRequest("request body is not valid JSON") from None
+
+
+def _who(scope: Scope) -> str:
+    """The caller as the warm rate counts it: its token (a digest), else its address."""
+    token = bearer_token(scope)
+    if token:
+        return "token:" + token_digest(token)
+    client = scope.get("client")
+    return "addr:" + (client[0] if client else "?")
 
 
 def _request(data: Any) -> WarmRequest:

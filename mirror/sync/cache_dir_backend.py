@@ -159,9 +159,11 @@ class CacheDirBackend:
         commit = job.commit
         assert commit is not None
         all_files = tree_files(entries)
-        for item in all_files:
+        for n, item in enumerate(all_files, 1):
             if self.index.get_file(repo, commit, item.path) is None:
                 self.index.put_file(repo, FileEntry(commit, item.path, item.etag, item.size, lfs=item.lfs))
+            if n % 256 == 0:
+                await asyncio.sleep(0)  # the index is synchronous: a server's clients get the loop in between
         present = {f.path for f in all_files} | {e.get("path") for e in entries}
         name = repo.repo_id.rsplit("/", 1)[-1]
         for probe in (*PROBED_PATHS, f"{name}.py"):

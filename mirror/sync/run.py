@@ -73,7 +73,12 @@ async def _plan(backend: Backend, job: RevisionJob, reporter: Reporter) -> None:
         if not job.files and (allow is not None or ignore is not None):
             job.note = "no file matches the allow/ignore patterns"
         await backend.prepare(job, entries)
-        job.missing = [f for f in job.files if not await backend.cached(job, f)]
+        job.missing = []
+        for n, item in enumerate(job.files, 1):
+            if not await backend.cached(job, item):
+                job.missing.append(item)
+            if n % 256 == 0:
+                await asyncio.sleep(0)  # a stat per file: let the server's clients in between (warm jobs run here)
     except (MirrorError, httpx.HTTPError, ValueError) as exc:
         job.error = error_text(exc)
         job.repo_missing = isinstance(exc, HubError) and exc.code == "RepoNotFound"

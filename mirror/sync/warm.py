@@ -5,6 +5,11 @@ with a :class:`~mirror.sync.cache_dir_backend.CacheDirBackend` over the server's
 single flight as every client request, so a warm and a download of the same file fetch it once. It reads upstream
 with the caller's token (or, in mirror-auth mode, the service token on an authorized caller's behalf), never with
 a lent one, and pins nothing.
+
+Bounded, so that one caller cannot stall every other (issue 23): identical warms share one job while it is queued or
+running; at most ``warm_jobs`` jobs run at once and ``warm_queue`` more wait (beyond: 503); each caller has a rate
+(``warm_rate`` a minute, beyond: 429); a warm selecting more than ``warm_max_bytes`` needs an operator (413); finished
+jobs are remembered, with their errors, in bounded memory.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from mirror import hf
-from mirror.access import Caller
-from mirror.errors import MirrorError
+from mirror.access import Caller, token_digest
+from mirror.config import format_size
+from mirror.errors import MirrorError, RetryLater, TooLarge
 from mirror.sync.backend import CacheParts
 from mirror.sync.cache_dir_backend import CacheDirBackend
 from mirror.sync.jobs import RevisionJob, error_text, tree_files
@@ -31,6 +37,9 @@ from mirror.sync.selection import select
 log = logging.getLogger("hf_mirror.warm")
 
 _KEPT_JOBS = 1000  # finished jobs remembered for GET /api/mirror/warm/{id}; the oldest are forgotten
+_KEPT_ERRORS = 20  # errors a job lists (a repo of 10,000 failing files must not hold 10,000 messages)
+_CALLERS = 10_000  # callers whose rate is remembered; the least recently seen is forgotten (a full allowance again)
+_QUEUE_RETRY_AFTER = 10.0  # seconds a 503 of a full queue asks the caller to wait
 _MISSING_LISTED = 100  # paths a 503 of /ready names (with the count of all)
 
 
@@ -63,11 +72,26 @@ class WarmJob:
     _progress: dict[str, int] = field(default_factory=dict, repr=False)
     _bytes_cached: int = field(default=0, repr=False)
 
+    errors_more: int = 0  # errors past the first _KEPT_ERRORS, counted only
+
     def as_json(self) -> dict[str, Any]:
+        errors = [*self.errors, f"... and {self.errors_more} more"] if self.errors_more else self.errors
         return {"id": self.id, "repo": self.request.repo.repo_id, "type": self.request.repo.type.value,
                 "revision": self.request.revision, "commit": self.commit, "state": self.state,
                 "files_total": self.files_total, "files_done": self.files_done, "bytes_total": self.bytes_total,
-                "bytes_done": self.bytes_done, "errors": self.errors}
+                "bytes_done": self.bytes_done, "errors": errors}
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("done", "failed")
+
+    def error(self, message: str) -> None:
+        if message in self.errors:
+            return
+        if len(self.errors) < _KEPT_ERRORS:
+            self.errors.append(message)
+        else:
+            self.errors_more += 1
 
     # --- the sync run's progress (mirror.sync.progress.Reporter) -------------------------------------------------
 
@@ -79,7 +103,7 @@ class WarmJob:
             self.files_done += len(cached)
             self._bytes_cached += sum(f.size for f in cached)
             if job.error:
-                self.errors.append(job.error)
+                self.error(job.error)
         self.bytes_done = self._bytes_cached
 
     def start(self, total_bytes: int) -> None:
@@ -93,10 +117,13 @@ class WarmJob:
         self.bytes_done = self._bytes_cached + sum(self._progress.values())
 
     def file_finished(self, key: str, label: str, ok: bool, message: str) -> None:
+        done = self._progress.pop(key, 0)  # only the files in flight are kept (and summed on each progress)
         if ok:
             self.files_done += 1
+            self._bytes_cached += done
         else:
-            self.errors.append(f"{label}: {message}")
+            self.error(f"{label}: {message}")
+        self.bytes_done = self._bytes_cached + sum(self._progress.values())
 
     def info(self, message: str) -> None:
         log.info("warm %s: %s", self.id, message)
@@ -131,47 +158,156 @@ class _WarmBackend(CacheDirBackend):
         return Caller(job.token, own_token=self.own_token)
 
 
+class CallerRate:
+    """At most ``per_minute`` requests a minute per caller: a bucket of that many, refilled evenly (0: no limit).
+    The last ``callers`` callers seen are remembered, so that random tokens or addresses cannot grow the process."""
+
+    def __init__(self, per_minute: float, *, callers: int = _CALLERS) -> None:
+        self.per_minute = per_minute
+        self.capacity = max(1.0, per_minute)
+        self.callers = callers
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # who -> (allowance, when counted)
+
+    def take(self, who: str) -> float:
+        """0 when ``who`` may go on (one request counted), else the seconds until it may ask again."""
+        if self.per_minute <= 0:
+            return 0.0
+        now = time.monotonic()
+        per_second = self.per_minute / 60
+        allowance, when = self._buckets.pop(who, (self.capacity, now))
+        allowance = min(self.capacity, allowance + (now - when) * per_second)
+        wait = 0.0
+        if allowance >= 1:
+            allowance -= 1
+        else:
+            wait = (1 - allowance) / per_second
+        self._buckets[who] = (allowance, now)
+        while len(self._buckets) > self.callers:
+            self._buckets.popitem(last=False)
+        return wait
+
+
+_Identity = tuple[WarmRequest, str | None]  # what a job warms, and for which token (None: the content is public)
+
+
 class WarmJobs:
     def __init__(self, parts: CacheParts, *, concurrency: int = 4) -> None:
+        settings = parts.settings
         self.parts = parts
-        self.concurrency = concurrency
+        self.concurrency = concurrency  # fills one job runs at once
+        self.running = settings.warm_jobs
+        self.queue = settings.warm_queue
+        self.max_bytes = settings.warm_max_bytes
+        self.rate = CallerRate(settings.warm_rate)
         self._jobs: OrderedDict[str, WarmJob] = OrderedDict()
+        self._active: dict[_Identity, WarmJob] = {}  # queued or running, by what they warm: identical warms share
+        self._admitting: dict[_Identity, asyncio.Future[WarmJob]] = {}  # being resolved and sized for a POST now
+        self._slots = asyncio.Semaphore(self.running)  # jobs running
+        self._admit_slots = asyncio.Semaphore(self.running)  # admissions resolving and listing at once
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def submit(self, request: WarmRequest, caller: Caller) -> WarmJob:
-        """Resolve the revision now (errors are the caller's: 404, 401...), then warm in the background."""
-        backend = _WarmBackend(self.parts, caller)
-        probe = RevisionJob(request.spec, request.revision, token=caller.token)
-        commit, _note = await backend.resolve(probe)
-        job = WarmJob(os.urandom(8).hex(), request, commit)
+    async def submit(self, request: WarmRequest, caller: Caller, *, who: str = "", operator: bool = False
+                     ) -> WarmJob:
+        """The job warming ``request`` for ``caller``: the one already queued or running for the same request (and
+        token, unless the content is public), else a new one once the revision is resolved and the selection sized
+        (errors are the caller's: 404, 401, 413...). ``who``: the caller as the rate counts it (its token's digest,
+        else its address). ``operator``: an operator credential, which lifts the size cap."""
+        wait = self.rate.take(who)
+        if wait:
+            raise RetryLater(f"too many warm requests from this caller: at most {self.rate.per_minute:g} a minute",
+                             retry_after=wait, policy="warm")
+        identity = self._identity(request, caller)
+        job = self._active.get(identity)
+        if job is not None:
+            return job
+        pending = self._admitting.get(identity)
+        if pending is not None:  # the same warm is being admitted for another request: its answer is this one's
+            return await asyncio.shield(pending)
+        if len(self._active) + len(self._admitting) >= self.running + self.queue:  # an admission counts as a job
+            raise RetryLater(f"the warm queue is full ({self.running} running, {self.queue} waiting); try again later",
+                             retry_after=_QUEUE_RETRY_AFTER, status=503, code="WarmQueueFull", policy="warm-queue")
+        future: asyncio.Future[WarmJob] = asyncio.get_running_loop().create_future()
+        self._admitting[identity] = future
+        try:
+            async with self._admit_slots:
+                job, backend = await self._admit(request, caller, operator)
+        except Exception as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: those waiting on it raise it themselves
+            raise
+        except BaseException:
+            future.cancel()
+            raise
+        finally:
+            del self._admitting[identity]
+        future.set_result(job)
         self._jobs[job.id] = job
-        while len(self._jobs) > _KEPT_JOBS:
-            self._jobs.popitem(last=False)
-        task = asyncio.create_task(self._run(job, backend))
+        self._active[identity] = job
+        self._forget_old()
+        task = asyncio.create_task(self._run(job, backend, identity))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return job
+
+    def _identity(self, request: WarmRequest, caller: Caller) -> _Identity:
+        """Public content is warmed the same whoever asks; other content with the asker's token, so a job of a
+        refused token is never what an entitled caller gets."""
+        if self.parts.access.is_public(request.repo, "content"):
+            return request, None
+        return request, token_digest(caller.token)
+
+    async def _admit(self, request: WarmRequest, caller: Caller, operator: bool) -> tuple[WarmJob, _WarmBackend]:
+        backend = _WarmBackend(self.parts, caller)
+        probe = RevisionJob(request.spec, request.revision, token=caller.token)
+        commit, _note = await backend.resolve(probe)
+        if self.max_bytes is not None and not operator:
+            probe.commit = commit
+            files = tree_files(await backend.list_tree(probe))  # cached by the server: the job lists it again
+            chosen = set(select([f.path for f in files], request.allow, request.ignore))
+            planned = sum(f.size for f in files if f.path in chosen)
+            if planned > self.max_bytes:
+                raise TooLarge(f"this warm selects {format_size(planned)}, over the cap of "
+                               f"{format_size(self.max_bytes)} for callers without an operator credential "
+                               f"(warm_max_bytes); narrow it with allow_patterns, or ask an operator")
+        return WarmJob(os.urandom(8).hex(), request, commit), backend
+
+    def _forget_old(self) -> None:
+        """Keep the last _KEPT_JOBS finished jobs; queued and running ones are bounded by the queue."""
+        excess = len(self._jobs) - _KEPT_JOBS
+        if excess <= 0:
+            return
+        for job_id in [i for i, j in self._jobs.items() if j.finished][:excess]:
+            del self._jobs[job_id]
 
     def get(self, job_id: str) -> WarmJob | None:
         return self._jobs.get(job_id)
 
     def recent(self) -> list[WarmJob]:
-        """The jobs kept (the last 1000), oldest first: the status page shows the running ones."""
+        """The jobs kept (queued, running, and the last 1000 finished), oldest first: the status page shows the
+        running ones."""
         return list(self._jobs.values())
 
-    async def _run(self, job: WarmJob, backend: _WarmBackend) -> None:
-        job.state = "running"
-        manifest = Manifest(Path("<warm>"), (job.request.spec,))
+    async def _run(self, job: WarmJob, backend: _WarmBackend, identity: _Identity) -> None:
         try:
-            result = await run_sync(manifest, backend, job, concurrency=self.concurrency, dry_run=False,
-                                    on_planned=job.planned)
-            for failed in result.failed:
-                if failed.error and failed.error not in job.errors:
-                    job.errors.append(failed.error)
+            async with self._slots:
+                job.state = "running"
+                manifest = Manifest(Path("<warm>"), (job.request.spec,))
+                result = await run_sync(manifest, backend, job, concurrency=self.concurrency, dry_run=False,
+                                        on_planned=job.planned)
+                for failed in result.failed:
+                    if failed.error:
+                        job.error(failed.error)
+        except asyncio.CancelledError:
+            job.error("stopped: the server shut down")
+            raise
         except Exception as exc:  # noqa: BLE001 - a job's failure is reported by its state, not raised
             log.warning("warm %s failed: %s", job.id, exc)
-            job.errors.append(error_text(exc))
-        job.state = "failed" if job.errors else "done"
+            job.error(error_text(exc))
+        finally:
+            if self._active.get(identity) is job:
+                del self._active[identity]
+            job.state = "failed" if job.errors else "done"
+            self._forget_old()
         log.info("warm %s %s %s@%s: %d/%d files", job.id, job.state, job.request.repo.key, job.commit[:12],
                  job.files_done, job.files_total)
 
@@ -184,13 +320,15 @@ class WarmJobs:
         chosen = set(select([f.path for f in files], request.allow, request.ignore))
         selected = [f for f in files if f.path in chosen]
         missing = []
-        for item in selected:
+        for n, item in enumerate(selected, 1):
             try:
                 stored = await backend.cached(job, item)
             except MirrorError:
                 stored = False
             if not stored:
                 missing.append(item.path)
+            if n % 256 == 0:
+                await asyncio.sleep(0)  # a stat per file: other clients get the loop in between
         return Readiness(not missing, job.commit, len(selected), tuple(sorted(missing)))
 
     async def aclose(self) -> None:
