@@ -18,7 +18,7 @@ from mirror.config import Settings
 # accepts every other flag (hidden), so no command line that worked before stops working.
 SETTING_GROUPS: dict[str, tuple[str, ...]] = {
     "settings file": ("config",),
-    "cache and quota": ("cache_dir", "max_size", "min_free_space"),
+    "cache and quota": ("cache_dir", "max_size", "min_free_space", "negative_max_entries", "negative_max_bytes"),
     "background work": ("gc_interval", "scrub_rate"),
     "upstream": ("upstream", "upstream_token", "lend_upstream_token", "offline", "revision_ttl", "connect_timeout",
                  "read_timeout", "viewer_upstream"),
