@@ -7,6 +7,7 @@ plain ASGI handlers (the hot path carries no framework overhead); operations rou
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -38,6 +39,7 @@ from mirror.routes.warm import WarmHandler
 from mirror.routes.xet.cas import XetCas
 from mirror.routes.xet.token import XetTokenRoute
 from mirror.status import StatusBoard, StatusHistory
+from mirror.sync.record import read_runs
 from mirror.sync.warm import WarmJobs
 from mirror.upstream.viewer import ViewerUpstream
 from mirror.viewer import ViewerService
@@ -152,8 +154,15 @@ class MirrorApp:
         """/metrics: the cache gauges from the last usage snapshot (refreshed in a thread, never waited for twice)."""
         assert self.mirror is not None
         await self.mirror.cache.current_snapshot()
+        await asyncio.to_thread(self._read_disk_and_sync)
+
+    def _read_disk_and_sync(self) -> None:
+        """/metrics: free disk under the cache, and what the syncs into this cache directory recorded."""
+        assert self.mirror is not None
         with contextlib.suppress(OSError):
             self.metrics.disk_free_bytes.set(shutil.disk_usage(self.mirror.cache.root).free)
+        for run in read_runs(self.settings.cache_dir):
+            self.metrics.sync_run(run.manifest, run.finished, run.ok, run.last_success)
 
     def caller(self, scope: Scope, repo: hf.RepoRef | None) -> Caller:
         """The request's identity (401 in auth mode without a valid mirror token), checked against the lists."""

@@ -116,6 +116,14 @@ class Metrics:
         self.disk_free_bytes = Gauge("hf_mirror_disk_free_bytes", "Free bytes on the cache directory's filesystem",
                                      registry=r, multiprocess_mode="mostrecent")
         self.evictions = Counter("hf_mirror_evictions", "Blobs evicted by the quota", registry=r)
+        # The last run of each manifest synced into this cache (mirror.sync.record), read at each scrape.
+        self.sync_last_run = Gauge("hf_mirror_sync_last_run_timestamp_seconds", "When the last sync run of a manifest "
+                                   "ended", ["manifest"], registry=r, multiprocess_mode="mostrecent")
+        self.sync_last_success = Gauge("hf_mirror_sync_last_success_timestamp_seconds", "When the last successful "
+                                       "sync run of a manifest ended", ["manifest"], registry=r,
+                                       multiprocess_mode="mostrecent")
+        self.sync_last_ok = Gauge("hf_mirror_sync_last_run_ok", "1 when the last sync run of a manifest succeeded, "
+                                  "else 0", ["manifest"], registry=r, multiprocess_mode="mostrecent")
         self.build_info = Gauge("hf_mirror_build_info", "The running mirror's version (always 1)", ["version"],
                                 registry=r, multiprocess_mode="max")
         self.build_info.labels(version=__version__).set(1)
@@ -126,6 +134,12 @@ class Metrics:
         they show what the latest worker wrote (``mostrecent``), which refuses inc."""
         self.cache_bytes.set(self.cache_bytes._value.get() + size)  # noqa: SLF001 - this process's own figure
         self.cache_blobs.set(self.cache_blobs._value.get() + 1)  # noqa: SLF001
+
+    def sync_run(self, manifest: str, finished: float, ok: bool, last_success: float | None) -> None:
+        self.sync_last_run.labels(manifest=manifest).set(finished)
+        self.sync_last_ok.labels(manifest=manifest).set(1 if ok else 0)
+        if last_success is not None:
+            self.sync_last_success.labels(manifest=manifest).set(last_success)
 
     def observe_request(self, route: str, outcome: str, seconds: float) -> None:
         """One served request's duration; an outcome outside :class:`Outcome` (ops routes, actions) is ``other``."""

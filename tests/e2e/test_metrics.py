@@ -5,6 +5,10 @@ deploy/monitoring/ query."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +18,7 @@ from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
-from tests.support.mirror_proc import MirrorProcess, metric
+from tests.support.mirror_proc import REPO_ROOT, MirrorProcess, metric
 
 FILE = "/acme/tiny-model/resolve/main/config.json"
 
@@ -90,3 +94,23 @@ def test_one_process_names_units_last_and_no_created_series(emu, tmp_path):
                if s.name == "hf_mirror_bytes_served_total") == served
     assert samples["hf_mirror_bytes_fetched_total"].value == fetched
     assert "hf_mirror_bytes_from_peers_total" in samples and "hf_mirror_peer_bytes_total" in samples
+
+
+def test_sync_runs_into_the_cache_show_on_metrics(emu, tmp_path):
+    cache = tmp_path / "cache"
+    good, bad = tmp_path / "nightly.toml", tmp_path / "broken.toml"
+    good.write_text('[[repo]]\nid = "acme/tiny-model"\nrevisions = ["main"]\n')
+    bad.write_text('[[repo]]\nid = "acme/no-such-model"\nrevisions = ["main"]\n')
+    for manifest, code in ((good, 0), (bad, 1)):
+        run = subprocess.run([sys.executable, "-m", "mirror", "sync", "--manifest", str(manifest), "--cache-dir",
+                              str(cache), "--upstream", emu.url], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("HF_")})
+        assert run.returncode == code, run.stdout + run.stderr
+    with MirrorProcess(emu.url, cache) as mirror:
+        samples = scrape(mirror)
+    assert samples['hf_mirror_sync_last_run_ok{"manifest": "nightly.toml"}'] == 1
+    assert samples['hf_mirror_sync_last_run_ok{"manifest": "broken.toml"}'] == 0
+    ran = samples['hf_mirror_sync_last_run_timestamp_seconds{"manifest": "nightly.toml"}']
+    assert samples['hf_mirror_sync_last_success_timestamp_seconds{"manifest": "nightly.toml"}'] == ran
+    assert 'hf_mirror_sync_last_success_timestamp_seconds{"manifest": "broken.toml"}' not in samples  # never ok
+    assert time.time() - 600 < ran <= time.time()
