@@ -18,7 +18,7 @@ from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
-from tests.support.mirror_proc import REPO_ROOT, MirrorProcess, metric
+from tests.support.mirror_proc import REPO_ROOT, MirrorProcess, free_port, metric
 
 FILE = "/acme/tiny-model/resolve/main/config.json"
 
@@ -114,3 +114,9 @@ def test_sync_runs_into_the_cache_show_on_metrics(emu, tmp_path):
     assert samples['hf_mirror_sync_last_success_timestamp_seconds{"manifest": "nightly.toml"}'] == ran
     assert 'hf_mirror_sync_last_success_timestamp_seconds{"manifest": "broken.toml"}' not in samples  # never ok
     assert time.time() - 600 < ran <= time.time()
+
+
+def test_an_unreachable_upstream_counts_as_status_error(tmp_path):
+    with MirrorProcess(f"http://127.0.0.1:{free_port()}", tmp_path / "cache") as mirror:
+        assert httpx.get(mirror.url + FILE).status_code >= 500
+        assert metric(mirror, "hf_mirror_upstream_requests_total", status="error") >= 1
