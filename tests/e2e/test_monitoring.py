@@ -82,12 +82,14 @@ def test_prometheusrule_holds_the_rules_file(tmp_path):
 
 def test_servicemonitor_selects_the_mirror_service():
     monitor = yaml.safe_load(SERVICE_MONITOR.read_text())
-    service = yaml.safe_load((ROOT / "deploy" / "k8s" / "service.yaml").read_text())
     assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "ServiceMonitor")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert service["metadata"]["name"] == "hf-mirror"  # the job label the rules expect (up{job="hf-mirror"})
-    ports = {p["name"] for p in service["spec"]["ports"]}
-    assert all(e["port"] in ports and e["path"] == "/metrics" for e in monitor["spec"]["endpoints"])
+    (selects,) = monitor["spec"]["selector"]["matchExpressions"]
+    for path in ("k8s/service.yaml", "k8s-scale-out/base/service.yaml"):  # one node, and the fleet
+        service = yaml.safe_load((ROOT / "deploy" / path).read_text())
+        assert selects["operator"] == "In" and service["metadata"]["labels"][selects["key"]] in selects["values"]
+        assert service["metadata"]["name"].startswith("hf-mirror")  # the job label: the rules' job=~"hf-mirror.*"
+        ports = {p["name"] for p in service["spec"]["ports"]}
+        assert all(e["port"] in ports and e["path"] == "/metrics" for e in monitor["spec"]["endpoints"])
     kust = yaml.safe_load((MONITORING / "k8s" / "kustomization.yaml").read_text())
     assert set(kust["resources"]) == {p.name for p in (MONITORING / "k8s").glob("*.yaml")} - {"kustomization.yaml"}
 
