@@ -7,6 +7,7 @@ settings keep one home even across the process boundary.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import logging
@@ -20,6 +21,7 @@ from typing import Any
 
 import httptools
 import uvicorn
+from prometheus_client import multiprocess
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
@@ -200,6 +202,8 @@ def worker_app() -> MirrorApp:
     """uvicorn factory for worker processes."""
     settings = Settings.model_validate_json(os.environ[_SETTINGS_ENV])  # as built: no source read again
     setup_logging(settings.log_level, settings.log_format, (settings.upstream_token or "",))
+    # A worker that ends (a restart by uvicorn) takes its live gauges (fills in flight) out of the sum with it.
+    atexit.register(multiprocess.mark_process_dead, os.getpid())
     return create_app(settings)
 
 
