@@ -67,7 +67,7 @@ def run(size: int, workdir: Path) -> tuple[Report, dict[str, object]]:
         commit_lag = time.monotonic() - client_done
         mirror_cpu = cpu_seconds(mirror.proc.pid) - cpu_before
         upstream_bytes = emu.stats().get("bytes_served", 0)
-        xet_bytes = metric(mirror, "hf_mirror_bytes_served_total", source="xet")
+        xet_bytes = metric(mirror, "hf_mirror_served_bytes_total", source="xet")
         xorbs = metric(mirror, "hf_mirror_requests_total", route="xet-xorb")
         blob_bytes = sum(f.stat().st_size for f in (workdir / "cache" / "blobs").rglob("*") if f.is_file())
         if out["size"] != size or out["checks"] != expected or not out["xet_hash"] or not xorbs:

@@ -7,8 +7,10 @@ plain ASGI handlers (the hot path carries no framework overhead); operations rou
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import shutil
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -36,6 +38,7 @@ from mirror.routes.warm import WarmHandler
 from mirror.routes.xet.cas import XetCas
 from mirror.routes.xet.token import XetTokenRoute
 from mirror.status import StatusBoard, StatusHistory
+from mirror.sync.record import read_runs
 from mirror.sync.warm import WarmJobs
 from mirror.upstream.viewer import ViewerUpstream
 from mirror.viewer import ViewerService
@@ -46,6 +49,8 @@ log = logging.getLogger("hf_mirror")
 # Operations routes that show repo names and traffic: in mirror-auth mode, for mirror-token holders only.
 _GUARDED_OPS = ("", "/metrics", "/api/mirror/status")
 _LENT = "hf_mirror.lent"  # scope key: (repo, kind) of an answer for a caller lent the service token
+# The route class of a request, for hf_mirror_request_duration_seconds: set by _dispatch once it knows it.
+ROUTE_CLASS = "hf_mirror.route"
 
 
 class Mirror:
@@ -149,6 +154,15 @@ class MirrorApp:
         """/metrics: the cache gauges from the last usage snapshot (refreshed in a thread, never waited for twice)."""
         assert self.mirror is not None
         await self.mirror.cache.current_snapshot()
+        await asyncio.to_thread(self._read_disk_and_sync)
+
+    def _read_disk_and_sync(self) -> None:
+        """/metrics: free disk under the cache, and what the syncs into this cache directory recorded."""
+        assert self.mirror is not None
+        with contextlib.suppress(OSError):
+            self.metrics.disk_free_bytes.set(shutil.disk_usage(self.mirror.cache.root).free)
+        for run in read_runs(self.settings.cache_dir):
+            self.metrics.sync_run(run.manifest, run.finished, run.ok, run.last_success)
 
     def caller(self, scope: Scope, repo: hf.RepoRef | None, kind: str = "content") -> Caller:
         """The request's identity (401 in auth mode without a valid mirror token), checked against the lists.
@@ -202,9 +216,11 @@ class MirrorApp:
         # The zero-copy path needs uvicorn's own bound ``send`` (see mirror.routes.sendfile): it travels in the scope.
         scope["hf_mirror.raw_send"] = send
         outcome = await self._dispatch(scope, receive, send_outward)
+        elapsed = time.perf_counter() - started
+        self.metrics.observe_request(scope.get(ROUTE_CLASS, "other"), outcome, elapsed)
         if self.access_log is not None:
             self.access_log.write(request_id, scope["method"], scope.get("path", ""), status_box[0] or "-",
-                                  (time.perf_counter() - started) * 1000, outcome, size_box[0])
+                                  elapsed * 1000, outcome, size_box[0])
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> str:
         """Route a request. Read-only and closed by default: the path has one spelling, the method is a read, the
@@ -217,6 +233,7 @@ class MirrorApp:
                 raise HeadersTooLarge(f"request headers exceed {self.settings.max_header_bytes} bytes")
             hf.check_canonical(raw_path)
             if is_viewer_host(scope):  # datasets-server.<this host>: the viewer's routes only, never relayed
+                scope[ROUTE_CLASS] = "viewer"
                 if method == "OPTIONS":
                     await send_preflight(send, ("GET", "HEAD"))
                     return "options"
@@ -227,6 +244,7 @@ class MirrorApp:
                 return await self.mirror.viewer.viewer(scope, send, endpoint, dataset, query,
                                                        await self.lent_caller(scope, dataset))
             if raw_path == CAS_PREFIX or raw_path.startswith(CAS_PREFIX + "/"):  # the mirror's Xet CAS
+                scope[ROUTE_CLASS] = "xet"
                 if self.mirror.xet_cas is None:
                     raise RouteNotFound("Xet is not served by this mirror; clients download over HTTP")
                 if method == "OPTIONS":
@@ -234,11 +252,14 @@ class MirrorApp:
                     return "options"
                 return await self.mirror.xet_cas.cas(scope, receive, send, raw_path[len(CAS_PREFIX):])
             if raw_path.startswith(PEER_ROUTE):  # another node of the fleet; its lease token stands for auth
+                scope[ROUTE_CLASS] = "peer"
                 return await self.mirror.peer(scope, receive, send, raw_path[len(PEER_ROUTE):])
             if raw_path.startswith(ops.ACTIONS_PREFIX):  # pin/unpin/evict one repo (mirror.routes.ops.RepoActions)
+                scope[ROUTE_CLASS] = "mirror"
                 return await self.mirror.repo_actions(scope, receive, send, raw_path,
                                                       lambda repo: self.caller(scope, repo))
             route = hf.classify(raw_path)
+            scope[ROUTE_CLASS] = route.kind.value
             if method == "OPTIONS":
                 await send_preflight(send, route.methods, grant=route.kind is not hf.RouteKind.MIRROR)
                 return "options"

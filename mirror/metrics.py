@@ -1,11 +1,40 @@
 """Prometheus collectors, one registry per app (so tests can build many apps), and the requests' outcomes. Label
-sets are bounded: routes and outcomes are small enums, never repo names or paths."""
+sets are bounded: routes and outcomes are small enums, never repo names or paths.
+
+Names follow Prometheus' conventions, the unit last (``hf_mirror_served_bytes_total``). The names of the previous
+release are exported beside the new ones for one release (:data:`RENAMED`), then dropped.
+
+With ``--workers N`` every worker counts into prometheus_client's multiprocess files (``PROMETHEUS_MULTIPROC_DIR``,
+set by :mod:`mirror.server` before the workers start) and ``/metrics`` adds them all up, whichever worker answers.
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable, Iterator
 from enum import StrEnum
+from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from mirror import __version__
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# One time series per counter, not two: the ``_created`` series doubles what a scrape carries for nothing we use.
+disable_created_metrics()
+
+# New family name -> the name the previous release exported (same samples, same labels).
+RENAMED = {
+    "hf_mirror_served_bytes": "hf_mirror_bytes_served",
+    "hf_mirror_upstream_bytes": "hf_mirror_bytes_fetched",
+    "hf_mirror_peer_bytes": "hf_mirror_bytes_from_peers",
+}
+
+# Served requests: from the first byte of the request to the last of the answer (a download's transfer included).
+REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60, 300)
 
 
 class Outcome(StrEnum):
@@ -21,6 +50,29 @@ class Outcome(StrEnum):
     PEER = "peer"  # a fill in progress streamed to another node (access log only)
 
 
+_OUTCOMES = frozenset(Outcome)
+
+
+class _Collector(Protocol):
+    def collect(self) -> Iterable[Metric]: ...
+
+
+class _WithOldNames:
+    """A collector's families, each renamed one also under its previous name."""
+
+    def __init__(self, source: _Collector) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source.collect():
+            yield family
+            old = RENAMED.get(family.name)
+            if old is not None:
+                alias = Metric(old, f"{family.documentation} (deprecated name of {family.name})", family.type)
+                alias.samples = [s._replace(name=old + s.name[len(family.name):]) for s in family.samples]
+                yield alias
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -28,10 +80,14 @@ class Metrics:
         self.requests = Counter(
             "hf_mirror_requests", "Requests served, by route kind and outcome", ["route", "outcome"], registry=r
         )
-        self.bytes_served = Counter("hf_mirror_bytes_served", "Body bytes sent to clients", ["source"], registry=r)
-        self.bytes_fetched = Counter("hf_mirror_bytes_fetched", "Body bytes fetched from upstream", registry=r)
+        self.request_duration = Histogram(
+            "hf_mirror_request_duration_seconds", "Time from a request's arrival to the end of its answer, by route "
+            "class and outcome", ["route", "outcome"], registry=r, buckets=REQUEST_BUCKETS,
+        )
+        self.bytes_served = Counter("hf_mirror_served_bytes", "Body bytes sent to clients", ["source"], registry=r)
+        self.bytes_fetched = Counter("hf_mirror_upstream_bytes", "Body bytes fetched from upstream", registry=r)
         self.bytes_from_peers = Counter(
-            "hf_mirror_bytes_from_peers", "Body bytes of fills in progress streamed from other nodes", registry=r
+            "hf_mirror_peer_bytes", "Body bytes of fills in progress streamed from other nodes", registry=r
         )
         self.upstream_requests = Counter(
             "hf_mirror_upstream_requests", "Requests sent upstream, by status class", ["status"], registry=r
@@ -40,7 +96,10 @@ class Metrics:
             "hf_mirror_upstream_latency_seconds", "Time to upstream response headers", registry=r,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
-        self.fills_in_flight = Gauge("hf_mirror_fills_in_flight", "Blob fills running in this process", registry=r)
+        # Gauges under --workers: a process's own count adds up (livesum: a worker gone counts no more); what every
+        # worker measures of the one shared cache is the latest value any of them wrote (mostrecent).
+        self.fills_in_flight = Gauge("hf_mirror_fills_in_flight", "Blob fills running", registry=r,
+                                     multiprocess_mode="livesum")
         self.fills = Counter("hf_mirror_fills", "Finished blob fills, by result", ["result"], registry=r)
         self.integrity_failures = Counter(
             "hf_mirror_integrity_failures", "Fills discarded because size or hash did not match", registry=r
@@ -48,9 +107,50 @@ class Metrics:
         self.stale_served = Counter(
             "hf_mirror_stale_served", "Responses served stale because upstream failed", registry=r
         )
-        self.cache_bytes = Gauge("hf_mirror_cache_bytes", "Bytes of committed blobs", registry=r)
-        self.cache_blobs = Gauge("hf_mirror_cache_blobs", "Number of committed blobs", registry=r)
+        self.cache_bytes = Gauge("hf_mirror_cache_bytes", "Bytes of committed blobs", registry=r,
+                                 multiprocess_mode="mostrecent")
+        self.cache_blobs = Gauge("hf_mirror_cache_blobs", "Number of committed blobs", registry=r,
+                                 multiprocess_mode="mostrecent")
+        self.quota_bytes = Gauge("hf_mirror_quota_bytes", "The cache's quota (--max-size); 0 without one",
+                                 registry=r, multiprocess_mode="max")
+        self.disk_free_bytes = Gauge("hf_mirror_disk_free_bytes", "Free bytes on the cache directory's filesystem",
+                                     registry=r, multiprocess_mode="mostrecent")
         self.evictions = Counter("hf_mirror_evictions", "Blobs evicted by the quota", registry=r)
+        # The last run of each manifest synced into this cache (mirror.sync.record), read at each scrape.
+        self.sync_last_run = Gauge("hf_mirror_sync_last_run_timestamp_seconds", "When the last sync run of a manifest "
+                                   "ended", ["manifest"], registry=r, multiprocess_mode="mostrecent")
+        self.sync_last_success = Gauge("hf_mirror_sync_last_success_timestamp_seconds", "When the last successful "
+                                       "sync run of a manifest ended", ["manifest"], registry=r,
+                                       multiprocess_mode="mostrecent")
+        self.sync_last_ok = Gauge("hf_mirror_sync_last_run_ok", "1 when the last sync run of a manifest succeeded, "
+                                  "else 0", ["manifest"], registry=r, multiprocess_mode="mostrecent")
+        self.build_info = Gauge("hf_mirror_build_info", "The running mirror's version (always 1)", ["version"],
+                                registry=r, multiprocess_mode="max")
+        self.build_info.labels(version=__version__).set(1)
+        self._durations: dict[tuple[str, str], Histogram] = {}
+
+    def cache_grew(self, size: int) -> None:
+        """A committed blob, counted by the cache gauges before the next scan. Set, not inc: under ``--workers``
+        they show what the latest worker wrote (``mostrecent``), which refuses inc."""
+        self.cache_bytes.set(self.cache_bytes._value.get() + size)  # noqa: SLF001 - this process's own figure
+        self.cache_blobs.set(self.cache_blobs._value.get() + 1)  # noqa: SLF001
+
+    def sync_run(self, manifest: str, finished: float, ok: bool, last_success: float | None) -> None:
+        self.sync_last_run.labels(manifest=manifest).set(finished)
+        self.sync_last_ok.labels(manifest=manifest).set(1 if ok else 0)
+        if last_success is not None:
+            self.sync_last_success.labels(manifest=manifest).set(last_success)
+
+    def observe_request(self, route: str, outcome: str, seconds: float) -> None:
+        """One served request's duration; an outcome outside :class:`Outcome` (ops routes, actions) is ``other``."""
+        key = (route, outcome if outcome in _OUTCOMES else "other")
+        child = self._durations.get(key)
+        if child is None:  # labels() costs a lock and a dict build: once per pair, not per request
+            child = self._durations[key] = self.request_duration.labels(route=key[0], outcome=key[1])
+        child.observe(seconds)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The exposition text: every worker's files under ``--workers N``, else this registry."""
+        path = os.environ.get(MULTIPROC_ENV)
+        source: _Collector = MultiProcessCollector(None, path) if path else self.registry
+        return generate_latest(_WithOldNames(source))  # type: ignore[arg-type]

@@ -7,15 +7,21 @@ settings keep one home even across the process boundary.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import functools
 import logging
 import os
 import resource
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httptools
 import uvicorn
+from prometheus_client import multiprocess
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
@@ -24,6 +30,7 @@ from mirror.app import MirrorApp, create_app
 from mirror.config import Settings
 from mirror.errors import BadRequest, HeadersTooLarge, MirrorError
 from mirror.logs import setup_logging
+from mirror.metrics import MULTIPROC_ENV
 from mirror.routes.common import error_parts
 
 _SETTINGS_ENV = "HF_MIRROR__SETTINGS"
@@ -195,6 +202,8 @@ def worker_app() -> MirrorApp:
     """uvicorn factory for worker processes."""
     settings = Settings.model_validate_json(os.environ[_SETTINGS_ENV])  # as built: no source read again
     setup_logging(settings.log_level, settings.log_format, (settings.upstream_token or "",))
+    # A worker that ends (a restart by uvicorn) takes its live gauges (fills in flight) out of the sum with it.
+    atexit.register(multiprocess.mark_process_dead, os.getpid())
     return create_app(settings)
 
 
@@ -211,6 +220,30 @@ def raise_open_file_limit() -> int:
     return soft
 
 
+@contextlib.contextmanager
+def shared_metrics() -> Iterator[Path]:
+    """A directory where every worker of this run keeps its counters (prometheus_client's multiprocess mode), so
+    that ``/metrics`` counts all of them whichever worker answers the scrape. Set in the environment before the
+    workers start (prometheus_client reads it at import). An operator's own ``PROMETHEUS_MULTIPROC_DIR`` is used,
+    emptied first (counters of an earlier run would add up with this one's); otherwise a fresh temporary directory,
+    removed when the server stops."""
+    given = os.environ.get(MULTIPROC_ENV)
+    if given:
+        path = Path(given)
+        path.mkdir(parents=True, exist_ok=True)
+        for stale in path.glob("*.db"):
+            stale.unlink(missing_ok=True)
+        yield path
+        return
+    path = Path(tempfile.mkdtemp(prefix="hf-mirror-metrics-"))
+    os.environ[MULTIPROC_ENV] = str(path)
+    try:
+        yield path
+    finally:
+        os.environ.pop(MULTIPROC_ENV, None)
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def serve(settings: Settings) -> None:
     setup_logging(settings.log_level, settings.log_format, (settings.upstream_token or "",))
     limit = raise_open_file_limit()  # before the workers fork: they inherit it
@@ -224,8 +257,11 @@ def serve(settings: Settings) -> None:
         ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
         server_header=False, http=protocol_factory(settings), timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
     )
-    if settings.workers > 1:
-        os.environ[_SETTINGS_ENV] = settings.model_dump_json()
-        uvicorn.run("mirror.server:worker_app", factory=True, workers=settings.workers, **common)
-    else:
-        uvicorn.run(create_app(settings), **common)
+    # Several processes count into shared files: the workers, or one process an operator pointed at a directory.
+    counting = shared_metrics() if settings.workers > 1 or os.environ.get(MULTIPROC_ENV) else contextlib.nullcontext()
+    with counting:
+        if settings.workers > 1:
+            os.environ[_SETTINGS_ENV] = settings.model_dump_json()
+            uvicorn.run("mirror.server:worker_app", factory=True, workers=settings.workers, **common)
+        else:
+            uvicorn.run(create_app(settings), **common)

@@ -42,6 +42,7 @@ class CacheManager(UsageReports, Maintenance):
         self.index = index
         self.metrics = metrics
         self.max_size = max_size
+        metrics.quota_bytes.set(max_size or 0)
         self.is_busy = is_busy
         self._lock = asyncio.Lock()
         # Blob bytes as this process knows them: set by every scan, raised by each fill it lets start, lowered by

@@ -110,8 +110,7 @@ class UsageReports:
         """A fill stored a new blob for ``repo``: the tally (totals, gauges, the repo's row) counts it at once, so a
         large cache's figures do not wait for its next count (which replaces the tally with exact figures)."""
         self.changed()
-        self.metrics.cache_bytes.inc(size)
-        self.metrics.cache_blobs.inc()
+        self.metrics.cache_grew(size)
         snap = self._snapshot
         if snap is None:
             return

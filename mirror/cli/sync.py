@@ -19,6 +19,7 @@ from mirror.sync.cache_dir_backend import CacheDirBackend, CountingFillManager
 from mirror.sync.manifest import load_manifest
 from mirror.sync.mirror_backend import MirrorBackend
 from mirror.sync.progress import PlainReporter, Reporter, RichReporter
+from mirror.sync.record import record_run
 from mirror.sync.run import SyncResult, run_sync
 from mirror.sync.state import SyncState, default_state_path
 from mirror.sync.summary import print_summary
@@ -100,6 +101,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if not args.mirror and not args.dry_run:  # for the server's /metrics: the cache directory is what both see
+        record_run(settings.cache_dir, manifest.source, ok=result.ok, files=result.fetched_files,
+                   size=result.fetched_bytes, failed=len(result.failed))
     if state is not None and not args.dry_run:
         state.save()  # the listing is recorded even when some repos failed: they are retried, not "new" again
     if pins_note == "pinned":

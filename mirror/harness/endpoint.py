@@ -1,5 +1,5 @@
 """What the parent asks the measured endpoint over HTTP: a pre-flight check of the repos, and the mirror's
-``hf_mirror_bytes_served_total`` before and after a pass."""
+``hf_mirror_served_bytes_total`` before and after a pass."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def preflight(endpoint: str, dataset: str | None, tokenizer: str) -> None:
 
 
 def scrape_bytes_served(endpoint: str) -> float | None:
-    """Sum of ``hf_mirror_bytes_served_total`` on the endpoint's /metrics, or None when it has none (not a mirror)."""
+    """Sum of ``hf_mirror_served_bytes_total`` on the endpoint's /metrics, or None when it has none (not a mirror)."""
     try:
         status, text = _http_get(endpoint.rstrip("/") + "/metrics", timeout=5)
     except Exception:  # noqa: BLE001 - any failure means "no metrics"
@@ -53,8 +53,9 @@ def scrape_bytes_served(endpoint: str) -> float | None:
         families = list(text_string_to_metric_families(text))
     except ValueError:
         return None  # not Prometheus text: not a mirror
-    served = [f for f in families if f.name == "hf_mirror_bytes_served"]
-    if not served:
-        return None
-    # A mirror that has served nothing yet has the family without samples: 0.
-    return sum(s.value for s in served[0].samples if s.name == "hf_mirror_bytes_served_total")
+    # The name since the metrics' renaming first, then the previous release's (a mirror of an older version).
+    for name in ("hf_mirror_served_bytes", "hf_mirror_bytes_served"):
+        served = [f for f in families if f.name == name]
+        if served:  # a mirror that has served nothing yet has the family without samples: 0
+            return sum(s.value for s in served[0].samples if s.name == name + "_total")
+    return None

@@ -26,7 +26,7 @@ def build_report(args: argparse.Namespace, outcomes: list[PassOutcome], labels: 
             notes.append(f"no GPU used ({first.get('device_note')}): batches stay on the CPU, "
                          "so there is no host-to-device transfer to measure")
     notes.append("MB/s = bytes received on the pass's sockets (HTTP headers+bodies, metadata and tokenizer "
-                 "included) / pass time; 'served' = diff of the endpoint's hf_mirror_bytes_served_total "
+                 "included) / pass time; 'served' = diff of the endpoint's hf_mirror_served_bytes_total "
                  "(bodies only; only for a mirror, and only exact when nothing else uses it meanwhile)")
     return {"config": config, "passes": passes, "notes": notes,
             "errors": [dict(o.error, name=o.spec.name) for o in outcomes if o.error is not None],

@@ -189,6 +189,8 @@ class UpstreamConnection:
         self.healthy = healthy
         if error:
             self.last_error = self.scrub(error)
+        if not healthy:  # no answer at all (refused, reset, timed out): the status class "error"
+            self.metrics.upstream_requests.labels(status="error").inc()
 
     def scrub(self, text: str) -> str:
         """``text`` without credentials: the service token, bearer values, URL passwords, cookies."""

@@ -77,7 +77,7 @@ def test_metrics_are_scrapable_and_bounded(emu, tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    for name in ("hf_mirror_requests", "hf_mirror_bytes_served", "hf_mirror_bytes_fetched",
+    for name in ("hf_mirror_requests", "hf_mirror_served_bytes", "hf_mirror_upstream_bytes",
                  "hf_mirror_upstream_latency_seconds", "hf_mirror_fills_in_flight", "hf_mirror_cache_bytes",
                  "hf_mirror_cache_blobs", "hf_mirror_evictions"):
         assert name in families, name

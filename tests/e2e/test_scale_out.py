@@ -215,7 +215,7 @@ def test_follower_node_streams_the_fill_from_the_leader(emulator_clean: Emulator
     assert bytes(received) == data
     assert seen_during_fill > 0, f"node B's client got its first MiB only after A's commit:\n{b.log()[-3000:]}"
     assert emu.fetch_count(*BIG) == 1, emu.stats()["fetches"]
-    from_peers = metric(b, "hf_mirror_bytes_from_peers_total")
+    from_peers = metric(b, "hf_mirror_peer_bytes_total")
     assert from_peers > 0, f"node B did not stream from node A:\n{b.log()[-3000:]}"
     # B kept the verified copy it streamed as its hot-tier file (once A's upload is in the bucket): a second
     # request is a local hit.
@@ -253,7 +253,7 @@ def test_peer_stream_from_a_node_with_two_workers(emulator_clean: EmulatorHandle
     leader.join(30)
     assert peers == [(206, data[100:])] * 6
     assert emu.fetch_count(*BIG) == 1, emu.stats()["fetches"]
-    assert metric(b, "hf_mirror_bytes_from_peers_total") > 0, b.log()[-3000:]
+    assert metric(b, "hf_mirror_peer_bytes_total") > 0, b.log()[-3000:]
 
 
 def test_peer_route_needs_the_lease_token(emulator_clean: EmulatorHandle, fleet: Fleet) -> None:

@@ -325,7 +325,7 @@ def test_sync_and_running_server_share_one_fill(emu: Any, hub: Hub, tmp_path: Pa
                 proc.kill()
         assert proc.returncode == 0, output
         assert digest.hexdigest() == etag
-        server_fetched = metric(mirror, "hf_mirror_bytes_fetched_total")
+        server_fetched = metric(mirror, "hf_mirror_upstream_bytes_total")
     assert fetched_bytes(output) + server_fetched == size, (fetched_bytes(output), server_fetched)
 
 

@@ -123,7 +123,7 @@ def run_client(code: str, endpoint: str, hf_home: Path, *, python: str = sys.exe
 
 def metric(mirror: MirrorProcess, name: str, **labels: str) -> float:
     """The sum of a metric's samples on the mirror's /metrics (``name`` as written there, e.g.
-    ``hf_mirror_bytes_fetched_total``), read with prometheus_client's own parser; 0 when absent."""
+    ``hf_mirror_upstream_bytes_total``), read with prometheus_client's own parser; 0 when absent."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(mirror.url + "/metrics", timeout=5).text
