@@ -182,6 +182,10 @@ class Settings(BaseSettings):
     auth_tokens_file: OptionalPath = None
     jwt_secret: str | None = None
     jwt_public_key_file: OptionalPath = None
+    # The operator's credential for the actions that delete or un-protect cached content (unpin, evict), sent as
+    # ``Authorization: Bearer``; never sent upstream. Unset (and no admin mirror token): those actions are refused
+    # over HTTP and left to ``hf-mirror cache`` on the host.
+    admin_token: str | None = None
     allow_repos: Items = ()
     deny_repos: Items = ()
     max_paths_info: int = 1000
@@ -233,7 +237,7 @@ class Settings(BaseSettings):
             sources.append(InitSettingsSource(settings_cls, {"upstream_token": os.environ["HF_TOKEN"]}))
         return tuple(sources)
 
-    @field_validator("upstream_token")
+    @field_validator("upstream_token", "admin_token")
     @classmethod
     def _blank_is_none(cls, token: str | None) -> str | None:
         return token or None  # "" (an unset compose var): none
@@ -271,7 +275,7 @@ class Settings(BaseSettings):
     def redacted(self) -> dict[str, Any]:
         """The settings as a dict fit for logs and the status page: secrets replaced."""
         out = self.model_dump()
-        for key in ("upstream_token", "jwt_secret"):
+        for key in ("upstream_token", "jwt_secret", "admin_token"):
             if out.get(key):
                 out[key] = "***"
         out["upstream"] = self.upstream_display
@@ -311,6 +315,6 @@ def _one_line(exc: ValidationError) -> str:
         elif error["type"] == "extra_forbidden":
             lines.append(f"unknown setting: {name}")
         else:
-            value = "***" if name in ("upstream_token", "jwt_secret") else redact_url(repr(value))
+            value = "***" if name in ("upstream_token", "jwt_secret", "admin_token") else redact_url(repr(value))
             lines.append(f"invalid value for {name}: {value} ({cause or error['msg']})")
     return "; ".join(lines)

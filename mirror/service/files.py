@@ -110,6 +110,28 @@ class FileService(ServiceCore):
 
         await self.access.check(repo, "content", caller, probe)
 
+    async def confirm_content(self, repo: hf.RepoRef, revision: str, caller: Caller) -> None:
+        """Raise unless ``caller`` may read ``repo``'s content, by the rule a resolve applies (public content, or
+        access upstream confirmed for the caller's token): for actions that add to the cache (pin, warm) and that show
+        a job of a repo. Gated repos are not public here, whatever their metadata. The probe is the HEAD of a file
+        the mirror knows of the repo, else of a placeholder path: the Hub checks a repo's visibility and gate before
+        the path, so an ``EntryNotFound`` (or ``RevisionNotFound``) answer still says the caller may read it."""
+        if self.access.is_public(repo, "content"):
+            return
+        known = next((e for e in await asyncio.to_thread(self.index.repo_files, repo) if not e.missing), None)
+        revision, path = (known.commit, known.path) if known is not None else (revision, ".gitattributes")
+
+        async def probe(token: str | None) -> None:
+            if self.settings.offline:
+                raise UpstreamUnavailable("offline")
+            try:
+                await self.upstream.head_file(repo, revision, path, token, caller.check)
+            except HubError as exc:
+                if exc.code not in ("EntryNotFound", "RevisionNotFound"):
+                    raise
+
+        await self.access.check(repo, "content", caller, probe)
+
     def fill_token(self, resolved: ResolvedFile, caller: Caller) -> str | None:
         """The token a fill downloads with: the caller's; for public content, the service token (the rate limits of
         an account, not of an anonymous address). The bytes of a file whose metadata upstream served anonymously."""
