@@ -155,3 +155,15 @@ def test_frozen_and_model_copy(settings_env: pytest.MonkeyPatch) -> None:
         settings.port = 1  # type: ignore[misc]
     changed = settings.model_copy(update={"offline": True})
     assert changed.offline and not settings.offline and hash(changed) != hash(settings)
+
+
+def test_admin_token_from_flag_env_and_toml_and_redacted(settings_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert from_cli().admin_token is None
+    config = write_toml(tmp_path, 'admin_token = "adm_toml"\n')
+    assert from_cli("--config", str(config)).admin_token == "adm_toml"
+    settings_env.setenv("HF_MIRROR_ADMIN_TOKEN", "adm_env")
+    assert from_cli("--config", str(config)).admin_token == "adm_env"
+    settings = from_cli("--admin-token", "adm_flag")
+    assert settings.admin_token == "adm_flag" and settings.redacted()["admin_token"] == "***"
+    settings_env.setenv("HF_MIRROR_ADMIN_TOKEN", "")
+    assert from_cli().admin_token is None  # an unset compose variable: none
