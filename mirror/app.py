@@ -243,6 +243,8 @@ class MirrorApp:
                 # ... and of the repos, those its patterns allow (the status page, its JSON, the warm jobs).
                 scope[ops.VISIBLE_KEY] = lambda kind, repo_id: self.auth.sees(
                     principal, hf.RepoRef(hf.RepoType(kind), repo_id))
+            elif route.kind is hf.RouteKind.OPS and self.auth.is_admin_token(bearer_token(scope)):
+                scope[ops.OPERATOR_KEY] = True  # the operator's status lists every cached repo, not only public ones
             if route.kind is hf.RouteKind.UNKNOWN:
                 raise RouteNotFound(f"{raw_path[:200]} is not a route this mirror serves")
         except MirrorError as exc:

@@ -33,6 +33,7 @@ ACTIONS_PREFIX = "/api/mirror/repos/"
 ACTIONS = ("pin", "unpin", "evict")
 DESTRUCTIVE = ("unpin", "evict")  # they delete or un-protect cached content: an operator's
 VISIBLE_KEY = "hf_mirror.visible"  # the scope entry the app sets: (type, repo id) -> may this caller see it
+OPERATOR_KEY = "hf_mirror.operator"  # ... and this one when the caller sent the admin token: every repo listed
 Confirm = Callable[[hf.RepoRef, str, Caller], Awaitable[None]]  # raises unless the caller may read the repo's content
 _MAX_BODY = 4096
 
@@ -43,7 +44,7 @@ def ops_router(metrics: Metrics, status: Status, refresh: Callable[[], Awaitable
     def params(request: Request) -> dict[str, Any]:
         q = request.query_params
         return {"page": q.get("page"), "q": q.get("q"), "per_page": q.get("per_page"),
-                "visible": request.scope.get(VISIBLE_KEY)}
+                "visible": request.scope.get(VISIBLE_KEY), "operator": request.scope.get(OPERATOR_KEY, False)}
 
     @router.get("/healthz")
     async def healthz() -> JSONResponse:

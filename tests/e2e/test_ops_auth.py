@@ -133,6 +133,10 @@ def test_with_an_admin_token_the_operator_unpins_and_evicts(emulator, tmp_path: 
                         timeout=30)
         assert got.status_code == 200
         wait_for(gated_blob.is_file)  # stored once the fill commits
+        # The operator's status lists every cached repo; anyone else's only the public ones.
+        wait_for(lambda: [r["id"] for r in httpx.get(mirror.url + "/api/mirror/status", headers=bearer(ADMIN_TOKEN),
+                                                     timeout=30).json()["repos"]] == [GATED], timeout=30)
+        assert httpx.get(mirror.url + "/api/mirror/status", timeout=30).json()["repos"] == []
         emulator.reset_stats()
         for token in (None, GOOD_TOKEN, ADMIN_TOKEN[:-1], ADMIN_TOKEN + "x"):
             refused = action(mirror, GATED, "evict", token)
