@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import jwt
 import pytest
 
 from tests.support.hub_emulator.fixtures import DENIED_TOKEN, GOOD_TOKEN
@@ -20,6 +21,7 @@ ADMIN_TOKEN = "adm_operator_secret_value"
 SCOPED_TOKEN = "mt_scoped_tiny"
 WIDE_TOKEN = "mt_wide_everything"
 ADMIN_MIRROR_TOKEN = "mt_admin_ops"
+JWT_KEY = "a-jwt-signing-key-of-32-bytes-at-least"
 GATED = "acme/gated-model"
 PRIVATE = "acme/private-model"
 PUBLIC = "acme/tiny-model"
@@ -163,7 +165,7 @@ def test_a_scoped_mirror_token_sees_only_its_repos_and_admin_tokens_evict(emulat
     tokens.write_text(f'[[token]]\nname = "scoped"\ntoken = "{SCOPED_TOKEN}"\nrepos = ["model:acme/tiny-*"]\n'
                       f'[[token]]\nname = "wide"\ntoken = "{WIDE_TOKEN}"\nrepos = ["*"]\n'
                       f'[[token]]\nname = "ops"\ntoken = "{ADMIN_MIRROR_TOKEN}"\nrepos = ["*"]\nadmin = true\n')
-    with MirrorProcess(emulator.url, tmp_path / "cache", "--auth-tokens-file", str(tokens),
+    with MirrorProcess(emulator.url, tmp_path / "cache", "--auth-tokens-file", str(tokens), "--jwt-secret", JWT_KEY,
                        "--upstream-token", GOOD_TOKEN, env={"HF_MIRROR_SHUTDOWN_GRACE": "1"}) as mirror:
         for path in (f"/{PUBLIC}/resolve/main/config.json", f"/{GATED}/resolve/main/config.json",
                      "/datasets/acme/tiny-jsonl/resolve/main/train.jsonl"):
@@ -206,5 +208,9 @@ def test_a_scoped_mirror_token_sees_only_its_repos_and_admin_tokens_evict(emulat
         assert action(mirror, PUBLIC, "evict").status_code == 401
         evicted = action(mirror, PUBLIC, "evict", ADMIN_MIRROR_TOKEN)
         assert evicted.status_code == 200 and evicted.json()["blobs"] == 1
+        claims = {"sub": "ci", "repos": ["*"], "exp": int(time.time()) + 600}
+        assert action(mirror, PUBLIC, "unpin", jwt.encode(claims, JWT_KEY, algorithm="HS256")).status_code == 403
+        admin_jwt = jwt.encode({**claims, "admin": True}, JWT_KEY, algorithm="HS256")
+        assert action(mirror, PUBLIC, "unpin", admin_jwt).status_code == 200
         assert action(mirror, GATED, "pin", SCOPED_TOKEN).status_code == 403  # outside its patterns
         assert action(mirror, PUBLIC, "pin", SCOPED_TOKEN).status_code == 200
