@@ -78,10 +78,14 @@ def timed(fn: object, runs: int) -> dict[str, float]:
     return {"median_ms": statistics.median(samples) * 1000, "max_ms": max(samples) * 1000}
 
 
+ADMIN_TOKEN = "adm_bench_index_scale"  # an eviction over HTTP is the operator's (--admin-token)
+
+
 def start_mirror(cache: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = [sys.executable, "-m", "mirror", "serve", "--cache-dir", str(cache), "--port", str(port), "--offline",
-           "--upstream", "http://127.0.0.1:9", "--gc-interval", "86400", "--scrub-rate", "0"]
+           "--upstream", "http://127.0.0.1:9", "--gc-interval", "86400", "--scrub-rate", "0",
+           "--admin-token", ADMIN_TOKEN]
     with open(cache.parent / f"serve-{port}.log", "wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -127,7 +131,9 @@ def serve_and_measure(cache: Path, runs: int) -> dict[str, dict[str, float]]:
             out[name] = timed(lambda p=path: client.get(p).raise_for_status(), runs)
         out["HEAD hit"] = timed(lambda: client.head(head).raise_for_status(), runs * 5)
         victim = f"/api/mirror/repos/model/{repo_name(1)}/evict"
-        out["POST evict one repo"] = timed(lambda: client.post(victim, json={}).raise_for_status(), 1)
+        operator = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+        out["POST evict one repo"] = timed(lambda: client.post(victim, json={}, headers=operator).raise_for_status(),
+                                           1)
         client.close()
     finally:
         stop(proc)

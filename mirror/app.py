@@ -73,7 +73,8 @@ class Mirror:
                               max_relay_bytes=settings.max_api_body, body_timeout=settings.header_timeout)
         self.peer = PeerFillHandler(self.fills, metrics, chunk_size=settings.serve_chunk_size)
         self.warm_jobs = WarmJobs(self.parts)  # warm on request, on the nightly sync's engine (mirror.sync.warm)
-        self.warm = WarmHandler(self.warm_jobs, body_timeout=settings.header_timeout)
+        self.warm = WarmHandler(self.warm_jobs, body_timeout=settings.header_timeout,
+                                confirm=self.service.confirm_content)
         # The dataset viewer's host and the Hub's parquet routes (issue 20): mirror.viewer.
         self.viewer = ViewerHandler(ViewerService(settings, self.index, self.access,
                                                   ViewerUpstream(self.upstream, settings.viewer_upstream or ""),
@@ -96,8 +97,8 @@ class Mirror:
         self.history = StatusHistory(metrics)
         self.board = StatusBoard(self.cache, settings, self.upstream, self.fills, self.history, visible=visible,
                                  warm_jobs=self.warm_jobs)
-        self.repo_actions = ops.RepoActions(self.cache, visible=visible, body_timeout=settings.header_timeout,
-                                            on_change=self.board.forget_pins)
+        self.repo_actions = ops.RepoActions(self.cache, confirm=self.service.confirm_content,
+                                            body_timeout=settings.header_timeout, on_change=self.board.forget_pins)
 
     async def start(self) -> None:
         await self.parts.start()
@@ -256,8 +257,11 @@ class MirrorApp:
                 return await self.mirror.peer(scope, receive, send, raw_path[len(PEER_ROUTE):])
             if raw_path.startswith(ops.ACTIONS_PREFIX):  # pin/unpin/evict one repo (mirror.routes.ops.RepoActions)
                 scope[ROUTE_CLASS] = "mirror"
+                bearer = bearer_token(scope)
                 return await self.mirror.repo_actions(scope, receive, send, raw_path,
-                                                      lambda repo: self.caller(scope, repo))
+                                                      lambda repo: self.caller(scope, repo),
+                                                      lambda action: self.auth.require_operator(bearer, action),
+                                                      self.auth.is_operator(bearer))
             route = hf.classify(raw_path)
             scope[ROUTE_CLASS] = route.kind.value
             if method == "OPTIONS":
@@ -280,11 +284,17 @@ class MirrorApp:
                 return await self.mirror.api(scope, receive, send, raw_path, route.api, caller)
             if route.kind is hf.RouteKind.MIRROR:  # warm and ready: the repo named in the request is authorized
                 return await self.mirror.warm(scope, receive, send, raw_path,
-                                              lambda repo: self.caller(scope, repo))
+                                              lambda repo: self.caller(scope, repo),
+                                              self.auth.is_operator(bearer_token(scope)))
             if route.kind in (hf.RouteKind.LISTING, hf.RouteKind.LOCAL):
                 return await self.mirror.api(scope, receive, send, raw_path, None, self.caller(scope, None))
             if route.kind is hf.RouteKind.OPS and raw_path.rstrip("/") in _GUARDED_OPS and self.settings.auth_required:
-                self.auth.principal(bearer_token(scope))  # repo names and traffic are for token holders only
+                principal = self.auth.principal(bearer_token(scope))  # repo names and traffic: token holders only
+                # ... and of the repos, those its patterns allow (the status page, its JSON, the warm jobs).
+                scope[ops.VISIBLE_KEY] = lambda kind, repo_id: self.auth.sees(
+                    principal, hf.RepoRef(hf.RepoType(kind), repo_id))
+            elif route.kind is hf.RouteKind.OPS and self.auth.is_admin_token(bearer_token(scope)):
+                scope[ops.OPERATOR_KEY] = True  # the operator's status lists every cached repo, not only public ones
             if route.kind is hf.RouteKind.UNKNOWN:
                 raise RouteNotFound(f"{raw_path[:200]} is not a route this mirror serves")
         except MirrorError as exc:

@@ -14,10 +14,16 @@ Tokens file (TOML)::
     name = "ci"
     token = "mt_ci_secret"            # or: sha256 = "<hex digest of the token>"
     repos = ["model:acme/*", "dataset:*"]
+    admin = true                      # optional: may also unpin and evict (see below)
 
-JWTs carry ``sub`` and ``repos`` (the same patterns); HS256 with ``--jwt-secret`` or RS256 with
-``--jwt-public-key-file``. Patterns are ``type:glob`` or a bare ``glob`` (any type), matched with fnmatch, without
-regard to case (the Hub's repo ids are case-insensitive: ``ACME/Model`` is ``acme/model``).
+JWTs carry ``sub`` and ``repos`` (the same patterns), and ``admin: true`` for an operator; HS256 with
+``--jwt-secret`` or RS256 with ``--jwt-public-key-file``. Patterns are ``type:glob`` or a bare ``glob`` (any type),
+matched with fnmatch, without regard to case (the Hub's repo ids are case-insensitive: ``ACME/Model`` is
+``acme/model``).
+
+Operators: the actions that delete or un-protect cached content (unpin, evict) need an operator credential, in either
+mode: ``--admin-token``, or (mirror-auth mode) a mirror token marked ``admin``. The admin token is never sent upstream:
+in the default mode a caller sending it reads as an anonymous one.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ class RepoFilter:
 class Principal:
     name: str
     repos: tuple[str, ...]
+    admin: bool = False
 
 
 def _unauthenticated(message: str) -> AccessDenied:
@@ -80,6 +87,7 @@ class MirrorAuth:
         self._by_digest: dict[str, Principal] = {}
         if settings.auth_tokens_file:
             self._load_tokens(settings.auth_tokens_file)
+        self._admin_digest = hashlib.sha256(settings.admin_token.encode()).digest() if settings.admin_token else None
         self._jwt_key: str | bytes | None = settings.jwt_secret
         self._jwt_algorithms = ["HS256"]
         if settings.jwt_public_key_file:
@@ -97,12 +105,12 @@ class MirrorAuth:
             if not digest:
                 raise ConfigError(f"{path}: token #{number} needs 'token' or 'sha256'")
             self._by_digest[digest.lower()] = Principal(entry.get("name", f"token{number}"),
-                                                        tuple(entry.get("repos", ["*"])))
+                                                        tuple(entry.get("repos", ["*"])), entry.get("admin") is True)
 
     def caller(self, bearer: str | None) -> tuple[Caller, Principal | None]:
         """Who is calling and which token goes upstream for them; raises 401 in auth mode without a valid token."""
         if not self.required:
-            if bearer:
+            if bearer and not self.is_admin_token(bearer):  # the admin token never goes upstream
                 return Caller(bearer, own_token=True, check=self.filter.check), None
             lent = bool(self.lend and self.service_token)
             return Caller(self.service_token if lent else None, lent=lent, check=self.filter.check), None
@@ -118,7 +126,34 @@ class MirrorAuth:
             raise _unauthenticated("Invalid mirror token")
         return principal
 
+    def is_admin_token(self, bearer: str | None) -> bool:
+        """``bearer`` is the ``--admin-token`` (compared in constant time)."""
+        return bool(bearer and self._admin_digest
+                    and hmac.compare_digest(hashlib.sha256(bearer.encode()).digest(), self._admin_digest))
+
+    def is_operator(self, bearer: str | None) -> bool:
+        """The admin token, or (mirror-auth mode) a valid mirror token marked admin."""
+        if self.is_admin_token(bearer):
+            return True
+        principal = self._verify(bearer) if self.required and bearer else None
+        return principal is not None and principal.admin
+
+    def require_operator(self, bearer: str | None, action: str) -> None:
+        """Raise 403 unless ``bearer`` is an operator credential: for the actions that delete or un-protect cached
+        content, which no reader of a repo may take for others."""
+        if self.is_operator(bearer):
+            return
+        if self._admin_digest is None and not self.required:
+            raise AccessDenied(f"{action} needs an operator credential and none is set on this mirror: start it with "
+                               "--admin-token (HF_MIRROR_ADMIN_TOKEN) and send that as Authorization: Bearer, or run "
+                               "`hf-mirror cache rm` on the host", code="OperatorRequired")
+        raise AccessDenied(f"{action} needs an operator credential: the mirror's --admin-token"
+                           + (", or a mirror token marked admin" if self.required else "")
+                           + ", sent as Authorization: Bearer", code="OperatorRequired")
+
     def _verify(self, token: str) -> Principal | None:
+        if self.is_admin_token(token):  # the operator: every repo the lists allow
+            return Principal("admin", ("*",), admin=True)
         digest = hashlib.sha256(token.encode()).hexdigest()
         for known, principal in self._by_digest.items():
             if hmac.compare_digest(known, digest):
@@ -134,8 +169,16 @@ class MirrorAuth:
             repos = claims.get("repos", [])
             if isinstance(repos, str):
                 repos = [repos]
-            return Principal(str(claims["sub"]), tuple(str(r) for r in repos))
+            return Principal(str(claims["sub"]), tuple(str(r) for r in repos), claims.get("admin") is True)
         return None
+
+    def sees(self, principal: Principal | None, repo: RepoRef) -> bool:
+        """Whether the operator's lists and ``principal``'s patterns allow ``repo``: what the ops routes list."""
+        try:
+            self.authorize(principal, repo)
+        except AccessDenied:
+            return False
+        return True
 
     def authorize(self, principal: Principal | None, repo: RepoRef) -> None:
         """Raise unless the operator's lists and the caller's token allow ``repo``."""

@@ -40,7 +40,8 @@ from mirror.errors import redact_url
 
 ENV_PREFIX = "HF_MIRROR_"
 _BYTE_SIZE = TypeAdapter(ByteSize)
-_SECRETS = ("upstream_token", "jwt_secret", "xet_signing_secret")  # shown as *** in logs, errors, the status page
+# Shown as *** in logs, errors and the status page.
+_SECRETS = ("upstream_token", "jwt_secret", "xet_signing_secret", "admin_token")
 
 
 class ConfigError(ValueError):
@@ -186,6 +187,10 @@ class Settings(BaseSettings):
     auth_tokens_file: OptionalPath = None
     jwt_secret: str | None = None
     jwt_public_key_file: OptionalPath = None
+    # The operator's credential for the actions that delete or un-protect cached content (unpin, evict), sent as
+    # ``Authorization: Bearer``; never sent upstream. Unset (and no admin mirror token): those actions are refused
+    # over HTTP and left to ``hf-mirror cache`` on the host.
+    admin_token: str | None = None
     allow_repos: Items = ()
     deny_repos: Items = ()
     max_paths_info: int = 1000
@@ -248,7 +253,7 @@ class Settings(BaseSettings):
             sources.append(InitSettingsSource(settings_cls, {"upstream_token": os.environ["HF_TOKEN"]}))
         return tuple(sources)
 
-    @field_validator("upstream_token")
+    @field_validator("upstream_token", "admin_token")
     @classmethod
     def _blank_is_none(cls, token: str | None) -> str | None:
         return token or None  # "" (an unset compose var): none

@@ -140,6 +140,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
     add("--auth-tokens-file", type=Path, help="TOML file of mirror tokens: turns on mirror-side access control")
     add("--jwt-secret", help="HS256 secret for mirror JWTs: turns on mirror-side access control")
     add("--jwt-public-key-file", type=Path, help="RS256 public key (PEM) for mirror JWTs")
+    add("--admin-token", help="the operator's token (sent as Authorization: Bearer) for unpin and evict over HTTP; "
+        "unset: refused, use hf-mirror cache on the host")
     add("--allow-repos", help="comma-separated patterns, e.g. 'model:meta-llama/*,dataset:*'")
     add("--deny-repos", help="comma-separated patterns, e.g. 'space:*'")
 

@@ -1,6 +1,10 @@
 """Operations routes: ``/healthz``, ``/metrics``, the status page at ``/`` and its JSON at ``/api/mirror/status``
 (both take ``?page=&q=&per_page=``), and the operator's actions on one repo:
-``POST /api/mirror/repos/{type}/{org/name}/pin|unpin|evict`` (JSON answers; :class:`RepoActions`)."""
+``POST /api/mirror/repos/{type}/{org/name}/pin|unpin|evict`` (JSON answers; :class:`RepoActions`).
+
+What a caller sees on these routes is narrowed by the app (``hf_mirror.visible`` in the request's scope: a mirror
+token's patterns), and the repo actions follow one rule: ``unpin`` and ``evict`` take an operator credential;
+``pin`` (like a warm) is open only for a repo whose content the caller may read."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from mirror import hf
+from mirror.access import Caller
 from mirror.asgi import Receive, Scope, Send
 from mirror.errors import BadRequest, MethodNotAllowed, MirrorError, RouteNotFound
 from mirror.metrics import Metrics
@@ -26,15 +31,20 @@ Status = Callable[..., Awaitable[dict[str, Any]]]
 
 ACTIONS_PREFIX = "/api/mirror/repos/"
 ACTIONS = ("pin", "unpin", "evict")
+DESTRUCTIVE = ("unpin", "evict")  # they delete or un-protect cached content: an operator's
+VISIBLE_KEY = "hf_mirror.visible"  # the scope entry the app sets: (type, repo id) -> may this caller see it
+OPERATOR_KEY = "hf_mirror.operator"  # ... and this one when the caller sent the admin token: every repo listed
+Confirm = Callable[[hf.RepoRef, str, Caller], Awaitable[None]]  # raises unless the caller may read the repo's content
 _MAX_BODY = 4096
 
 
 def ops_router(metrics: Metrics, status: Status, refresh: Callable[[], Awaitable[Any]] | None = None) -> APIRouter:
     router = APIRouter()
 
-    def params(request: Request) -> dict[str, str | None]:
+    def params(request: Request) -> dict[str, Any]:
         q = request.query_params
-        return {"page": q.get("page"), "q": q.get("q"), "per_page": q.get("per_page")}
+        return {"page": q.get("page"), "q": q.get("q"), "per_page": q.get("per_page"),
+                "visible": request.scope.get(VISIBLE_KEY), "operator": request.scope.get(OPERATOR_KEY, False)}
 
     @router.get("/healthz")
     async def healthz() -> JSONResponse:
@@ -79,19 +89,22 @@ def parse_action(raw_path: str) -> tuple[hf.RepoRef, str]:
 
 
 class RepoActions:
-    """``POST /api/mirror/repos/{type}/{repo}/pin|unpin|evict``. In mirror-auth mode a mirror token whose patterns
-    allow the repo is required; without it, any caller that reaches the mirror, but never a page of another site
-    (:func:`refuse_cross_site`), and only on repos the status page lists (the public ones)."""
+    """``POST /api/mirror/repos/{type}/{repo}/pin|unpin|evict``, never from a page of another site
+    (:func:`refuse_cross_site`). In mirror-auth mode a mirror token whose patterns allow the repo is required first.
+    ``unpin`` and ``evict`` then need an operator credential (``require_operator``: 403 otherwise); ``pin`` needs an
+    operator or a caller who may read the repo's content (``confirm``: public content, or access upstream confirmed
+    for the caller's token), as a warm does."""
 
-    def __init__(self, cache: CacheManager, *, visible: Callable[[str, str], bool] | None, body_timeout: float,
+    def __init__(self, cache: CacheManager, *, confirm: Confirm, body_timeout: float,
                  on_change: Callable[[], None] | None = None) -> None:
         self.cache = cache
-        self.visible = visible
+        self.confirm = confirm
         self.body_timeout = body_timeout
         self.on_change = on_change
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, raw_path: str,
-                       authorize: Callable[[hf.RepoRef], Any]) -> str:
+                       authorize: Callable[[hf.RepoRef], Caller], require_operator: Callable[[str], None],
+                       operator: bool) -> str:
         method = scope["method"]
         try:
             repo, action = parse_action(raw_path)
@@ -102,10 +115,11 @@ class RepoActions:
                 raise MethodNotAllowed(f"{method} is not allowed here: POST", allow=("POST",))
             refuse_cross_site(scope)
             await self._drain(receive)
-            authorize(repo)  # 401 without a mirror token in auth mode; the lists and the token's patterns
-            if self.visible is not None and not await asyncio.to_thread(self.visible, repo.type.value,
-                                                                        repo.repo_id):
-                raise RouteNotFound(f"{repo.type.value} {repo.repo_id} is not a cached public repo of this mirror")
+            caller = authorize(repo)  # 401 without a mirror token in auth mode; the lists and the token's patterns
+            if action in DESTRUCTIVE:
+                require_operator(action)
+            elif not operator:
+                await self.confirm(repo, "main", caller)
             result: dict[str, Any] = {"type": repo.type.value, "repo": repo.repo_id, "action": action}
             if action == "pin":
                 await self.cache.pin_repo(repo)

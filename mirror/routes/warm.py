@@ -2,39 +2,56 @@
 
 The JSON in and out is the mirror's own API (not the Hub's); errors keep the Hub's shape. The work is
 :mod:`mirror.sync.warm`'s; the caller's identity comes from the app, checked against the repo the request names.
+A warm adds to the cache: it is open for a repo whose content is public, else only to a caller whose access upstream
+confirmed (the rule a resolve applies), or to an operator. A job's status follows the same read rule: a caller who
+may not read the job's repo gets the answer an unknown id gets.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from mirror import hf
 from mirror.access import Caller, token_digest
 from mirror.asgi import Receive, Scope, Send
-from mirror.errors import BadRequest, MirrorError, RouteNotFound
+from mirror.errors import BadRequest, HubError, MirrorError, RepoNotFound, RouteNotFound
 from mirror.routes.common import bearer_token, query_pairs, read_body, refuse_cross_site, send_error
 from mirror.sync.warm import WarmJobs, WarmRequest
 
 _MAX_BODY = 64 * 1024
 _MAX_PATTERNS = 200
+_UNKNOWN_JOB = "no such warm job (jobs are kept in memory, the last 1000)"
 Authorize = Callable[[hf.RepoRef], Caller]  # the caller, after the lists and the mirror token allow the repo
+Confirm = Callable[[hf.RepoRef, str, Caller], Awaitable[None]]  # raises unless the caller may read the repo's content
 
 
 class WarmHandler:
-    def __init__(self, jobs: WarmJobs, *, body_timeout: float) -> None:
+    def __init__(self, jobs: WarmJobs, *, body_timeout: float, confirm: Confirm) -> None:
         self.jobs = jobs
         self.body_timeout = body_timeout
+        self.confirm = confirm
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, raw_path: str,
-                       authorize: Authorize) -> str:
+                       authorize: Authorize, operator: bool = False) -> str:
         try:
             path = raw_path.rstrip("/")
             if path == "/api/mirror/warm":
                 request = _request(await self._json_body(scope, receive))
-                # operator: no operator credential is known to this route yet, so every caller gets the size cap.
-                job = await self.jobs.submit(request, authorize(request.repo), who=_who(scope), operator=False)
+                caller = authorize(request.repo)
+                try:
+                    if not operator:
+                        await self.confirm(request.repo, request.revision, caller)
+                    job = await self.jobs.submit(request, caller, who=_who(scope), operator=operator)
+                except HubError as exc:
+                    if exc.code != "RepoNotFound":
+                        raise
+                    # The Hub's 401 "Repository not found" reads as a credentials problem: name the repo instead.
+                    whose = ("to your token" if caller.own_token else "to the mirror's token" if caller.token
+                             else "without a token")
+                    raise RepoNotFound(f"{request.repo.type.value} {request.repo.repo_id} not found upstream, "
+                                       f"or not visible {whose}") from None
                 await _send_json(send, 202, job.as_json())  # an identical warm queued or running: that job
                 return "warm"
             if path == "/api/mirror/ready":
@@ -50,14 +67,21 @@ class WarmHandler:
                                  head=scope["method"] == "HEAD")
                 return "ready" if readiness.ready else "not-ready"
             job = self.jobs.get(path.rsplit("/", 1)[-1])
-            if job is None:
-                raise RouteNotFound("no such warm job (jobs are kept in memory, the last 1000)")
-            authorize(job.request.repo)
+            if job is None or not (operator or await self._may_read(job.request.repo, job.commit, authorize)):
+                raise RouteNotFound(_UNKNOWN_JOB)
             await _send_json(send, 200, job.as_json(), head=scope["method"] == "HEAD")
             return "warm-status"
         except MirrorError as exc:
             await send_error(send, exc, head=scope["method"] == "HEAD")
             return "error"
+
+    async def _may_read(self, repo: hf.RepoRef, commit: str, authorize: Authorize) -> bool:
+        """Whether the caller may read ``repo`` (the lists, the mirror token's patterns, then its content)."""
+        try:
+            await self.confirm(repo, commit, authorize(repo))
+        except MirrorError:
+            return False
+        return True
 
     async def _json_body(self, scope: Scope, receive: Receive) -> Any:
         refuse_cross_site(scope)  # JSON only, and never from a page on another origin (its preflight grants nothing)

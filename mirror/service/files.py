@@ -35,6 +35,9 @@ RANGE_RELAY_GAP = 16 * 1024 * 1024
 _DECISION_WAIT = 2.0
 # How long an access probe's answer stays shared after it ends (see _check_content_access).
 _PROBE_LINGER = 1.0
+# What confirm_content asks for when no file of a repo is known: any path does (the Hub checks access first), one that
+# no repo has keeps a file a gated repo might serve to anyone (a model card) from answering for its content.
+_PROBE_PATH = ".hf-mirror-access-check"
 
 _HIT, _MISS, _STALE, _PASSTHROUGH = Outcome.HIT, Outcome.MISS, Outcome.STALE, Outcome.PASSTHROUGH
 
@@ -107,6 +110,30 @@ class FileService(ServiceCore):
                 task.add_done_callback(lambda done: asyncio.get_running_loop().call_later(
                     _PROBE_LINGER, lambda: self._probes.pop(key, None) if self._probes.get(key) is done else None))
             await asyncio.shield(task)
+
+        await self.access.check(repo, "content", caller, probe)
+
+    async def confirm_content(self, repo: hf.RepoRef, revision: str, caller: Caller) -> None:
+        """Raise unless ``caller`` may read ``repo``'s content, by the rule a resolve applies (public content, or
+        access upstream confirmed for the caller's token): for actions that add to the cache (pin, warm) and that show
+        a job of a repo. Gated repos are not public here, whatever their metadata. The probe is the HEAD of a file
+        the mirror knows of the repo, else of a path no repo has: the Hub checks a repo's visibility and gate before
+        the path, so an ``EntryNotFound`` (or ``RevisionNotFound``) answer still says the caller may read it."""
+        if self.access.is_public(repo, "content"):
+            return
+
+        async def probe(token: str | None) -> None:  # only when no answer for this token is remembered
+            if self.settings.offline:
+                raise UpstreamUnavailable("offline")
+            # An LFS file first: weights are what a gate protects.
+            known = min((e for e in await asyncio.to_thread(self.index.repo_files, repo) if not e.missing),
+                        key=lambda e: not e.lfs, default=None)
+            at, path = (known.commit, known.path) if known is not None else (revision, _PROBE_PATH)
+            try:
+                await self.upstream.head_file(repo, at, path, token, caller.check)
+            except HubError as exc:
+                if exc.code not in ("EntryNotFound", "RevisionNotFound"):
+                    raise
 
         await self.access.check(repo, "content", caller, probe)
 

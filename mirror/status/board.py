@@ -74,9 +74,14 @@ class StatusBoard:
         return self.warm_jobs.recent() if self.warm_jobs is not None else []
 
     async def data(self, *, page: str | None = None, q: str | None = None, per_page: str | None = None,
-                   hours: float = 6.0) -> dict[str, Any]:
+                   hours: float = 6.0, visible: Visible | None = None, operator: bool = False) -> dict[str, Any]:
+        """One page of the status; ``visible``: what this caller may see besides (a mirror token's patterns);
+        ``operator``: the caller sent the admin token, and sees every repo (not only the public ones)."""
         snap = await self.cache.current_snapshot()
-        listed = await self._listable(snap)
+        listed = list(snap.repos) if operator else await self._listable(snap)
+        if visible is not None:
+            allowed = visible
+            listed = await asyncio.to_thread(lambda: [u for u in listed if allowed(u.type, u.repo_id)])
         query = (q or "").strip()[:_MAX_QUERY]
         if query:
             needle = query.lower()
@@ -99,13 +104,13 @@ class StatusBoard:
             })
         hits_total = self.history.read()
         served = hits_total.hits + hits_total.misses
-        visible = self.visible
         fills = [{"repo": f.spec.repo.key, "path": f.spec.path, "written": f.written, "size": f.spec.size}
                  for f in self.fills.active]
         warming = [j.as_json() for j in jobs if j.state in ("queued", "running")]
-        if visible is not None:
-            fills = [f for f in fills if visible(*f["repo"].split(":", 1))]
-            warming = [j for j in warming if visible(j["type"], j["repo"])]
+        for allowed in (None if operator else self.visible, visible):
+            if allowed is not None:
+                fills = [f for f in fills if allowed(*f["repo"].split(":", 1))]
+                warming = [j for j in warming if allowed(j["type"], j["repo"])]
         counts = self._outcomes()
         negative = await asyncio.to_thread(self.cache.index.negative_usage)  # one SQL count
         return {

@@ -177,8 +177,12 @@ def render_status_page(data: dict[str, Any]) -> str:
     nav.append(f"<span id='page-number'>page {page} of {pages}</span>")
     if page < pages:
         nav.append(f"<a id='next-page' href='{esc(_qs(q=q, page=page + 1))}'>next &rarr;</a>")
-    token_field = ("<p><label>Mirror token for the buttons: <input id='token' type='password' autocomplete='off'>"
-                   "</label></p>" if data.get("auth_required") else "")
+    # One field for the buttons' bearer token (kept in sessionStorage): in mirror-auth mode the mirror token; else a
+    # Hub token for pin / warm of gated or private repos, or the operator's --admin-token for unpin / evict.
+    label = ("Mirror token for the buttons" if data.get("auth_required")
+             else "Token for the buttons (your Hub token to pin or warm a gated or private repo; the admin token to "
+                  "unpin or evict)")
+    token_field = f"<p><label>{label}: <input id='token' type='password' autocomplete='off'></label></p>"
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>hf-mirror status</title>
 <style>{_STYLE}</style>

@@ -24,6 +24,7 @@ from tests.support.mirror_proc import MirrorProcess
 
 MODEL_FILES = ("config.json", "model.safetensors", "sub/nested.txt")
 MIRROR_TOKEN = "mt_status_operator"
+ADMIN_TOKEN = "adm_status_page_operator"
 
 
 def chromium() -> str:
@@ -119,7 +120,8 @@ def _blobs(cache: Path) -> int:
 
 def test_status_page_lists_searches_pages_and_its_buttons_pin_unpin_evict_warm(emu, tmp_path, browser):
     cache = tmp_path / "cache"
-    with MirrorProcess(emu.url, cache, "--max-size", "10G", env={"HF_MIRROR_STATUS_SAMPLE": "1"}) as mirror:
+    with MirrorProcess(emu.url, cache, "--max-size", "10G", "--admin-token", ADMIN_TOKEN,
+                       env={"HF_MIRROR_STATUS_SAMPLE": "1"}) as mirror:
         for path in MODEL_FILES:
             assert httpx.get(f"{mirror.url}/acme/tiny-model/resolve/main/{path}").status_code == 200
         assert httpx.get(f"{mirror.url}/acme/tiny-model/resolve/main/config.json").status_code == 200  # a hit
@@ -167,11 +169,16 @@ def test_status_page_lists_searches_pages_and_its_buttons_pin_unpin_evict_warm(e
         assert state == "pinned (operator)"
         assert browser.eval("!!document.querySelector('button[data-action=\"unpin\"]')")
         assert not browser.eval("!!document.querySelector('button[data-action=\"evict\"]')")
-        refused = httpx.post(mirror.url + "/api/mirror/repos/model/acme/tiny-model/evict", json={})
+        refused = httpx.post(mirror.url + "/api/mirror/repos/model/acme/tiny-model/evict", json={},
+                             headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
         assert refused.status_code == 409 and refused.headers["x-error-code"] == "RepoPinned"
         assert httpx.get(mirror.url + "/api/mirror/status?q=tiny-model").json()["repos"][0]["pinned"] is True
 
-        # Unpin, then evict, in the page: the blobs leave the disk, the row leaves the list.
+        # Unpin and evict are the operator's: refused in the page until the admin token is typed in its field (kept
+        # in sessionStorage across reloads), then done: the blobs leave the disk, the row leaves the list.
+        assert _click(browser, "unpin", "acme/tiny-model")["status"] == 403
+        assert "admin" in browser.eval("document.getElementById('action-result').textContent")
+        browser.eval(f"document.getElementById('token').value = '{ADMIN_TOKEN}'")
         assert _click(browser, "unpin", "acme/tiny-model")["ok"]
         browser.goto(mirror.url + "/?q=tiny-model")
         blobs_before = _blobs(cache)
@@ -218,7 +225,7 @@ def test_actions_refuse_other_sites_forms_and_other_methods(emu, tmp_path):
         assert httpx.get(url).status_code == 405
         assert httpx.post(mirror.url + "/api/mirror/repos/model/acme/tiny-model/destroy", json={}).status_code == 404
         private = httpx.post(mirror.url + "/api/mirror/repos/model/acme/private-model/evict", json={})
-        assert private.status_code == 404  # without auth: only the repos the page lists (the public ones)
+        assert private.status_code == 403  # an eviction is an operator's, and this mirror has no --admin-token
         same = httpx.post(url, json={}, headers={"origin": mirror.url})
         assert same.status_code == 200 and same.json()["pinned"] is True
         assert httpx.get(mirror.url + "/api/mirror/status").json()["repos"][0]["pinned"] is True

@@ -191,3 +191,15 @@ def test_each_command_help_lists_its_own_options_first_and_only_its_settings(cap
     with pytest.raises(SystemExit):
         parser.parse_args(["--version"])
     assert capsys.readouterr().out.startswith("hf-mirror ")
+
+
+def test_admin_token_from_flag_env_and_toml_and_redacted(settings_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert from_cli().admin_token is None
+    config = write_toml(tmp_path, 'admin_token = "adm_toml"\n')
+    assert from_cli("--config", str(config)).admin_token == "adm_toml"
+    settings_env.setenv("HF_MIRROR_ADMIN_TOKEN", "adm_env")
+    assert from_cli("--config", str(config)).admin_token == "adm_env"
+    settings = from_cli("--admin-token", "adm_flag")
+    assert settings.admin_token == "adm_flag" and settings.redacted()["admin_token"] == "***"
+    settings_env.setenv("HF_MIRROR_ADMIN_TOKEN", "")
+    assert from_cli().admin_token is None  # an unset compose variable: none
