@@ -227,12 +227,13 @@ class MirrorApp:
                     return await self.mirror.xet_token.token(scope, send, route.api, caller)
                 if route.api.sub == "parquet":  # the parquet conversion's listing and files (mirror.viewer)
                     return await self.mirror.viewer.hub_parquet(scope, send, route.api, caller)
-                return await self.mirror.api(scope, receive, send, raw_path, route.api, caller)
+                return await self.mirror.api(scope, receive, send, raw_path, route.api, caller, route.read)
             if route.kind is hf.RouteKind.MIRROR:  # warm and ready: the repo named in the request is authorized
                 return await self.mirror.warm(scope, receive, send, raw_path,
                                               lambda repo: self.caller(scope, repo))
             if route.kind in (hf.RouteKind.LISTING, hf.RouteKind.LOCAL):
-                return await self.mirror.api(scope, receive, send, raw_path, None, self.caller(scope, None))
+                return await self.mirror.api(scope, receive, send, raw_path, None, self.caller(scope, None),
+                                             route.read)
             if route.kind is hf.RouteKind.OPS and raw_path.rstrip("/") in _GUARDED_OPS and self.settings.auth_required:
                 self.auth.principal(bearer_token(scope))  # repo names and traffic are for token holders only
             if route.kind is hf.RouteKind.UNKNOWN:

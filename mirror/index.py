@@ -6,6 +6,8 @@ Keys and what they mean:
     ("file", type, repo, commit, path)     -> FileEntry       immutable: a path at a commit (or its absence)
     ("api", type, repo, rev, route, query) -> ApiEntry        cached API JSON; immutable when rev is a commit sha
                                                               (route: api_route_key, query: api_query_key)
+    ("read", path, token digest, query)    -> ApiEntry        a route of mirror.routetable not about one repo
+                                                              (expires after READ_KEEP: anyone's input)
     ("public", type, repo)                 -> bool            whether an anonymous caller may read the repo
     ("access", subject, kind, repo key)    -> (bool, time)    a token's (or "public") access, see mirror.access
     ("pin", type, repo)                    -> manifest name   repos that eviction must keep
@@ -65,6 +67,7 @@ class ApiEntry:
 
 
 NEGATIVE_TTL = 86400.0  # seconds a remembered 404 (file, tree path) is kept; a commit's content never changes
+READ_KEEP = 86400.0  # seconds an answer of the route table is kept (served stale when upstream fails), then culled
 _SEP = "\x1f"  # string keys: diskcache stores str natively, tuples are pickled (slow on the hot path)
 
 
@@ -175,9 +178,16 @@ class MetadataIndex:
     def get_api(self, repo: RepoRef, revision: str | None, route: str, query: str) -> ApiEntry | None:
         return self._cache.get(_key("api", repo.type.value, repo.repo_id, revision, route, query))
 
-    def put_api(self, repo: RepoRef, revision: str | None, route: str, query: str, entry: ApiEntry) -> None:
-        expire = NEGATIVE_TTL if entry.status >= 400 else None
+    def put_api(self, repo: RepoRef, revision: str | None, route: str, query: str, entry: ApiEntry,
+                expire: float | None = None) -> None:
+        expire = NEGATIVE_TTL if entry.status >= 400 else expire
         self._cache.set(_key("api", repo.type.value, repo.repo_id, revision, route, query), entry, expire=expire)
+
+    def get_read(self, path: str, token_digest: str, query: str) -> ApiEntry | None:
+        return self._cache.get(_key("read", path, token_digest, query))
+
+    def put_read(self, path: str, token_digest: str, query: str, entry: ApiEntry) -> None:
+        self._cache.set(_key("read", path, token_digest, query), entry, expire=READ_KEEP)
 
     # Xet hashes upstream gave (mirror.xet.catalog) --------------------------------------------------------------
     def get_xet(self, repo: RepoRef, parts: tuple[str, ...]) -> Any:
