@@ -99,7 +99,8 @@ def run_calls(endpoint: str, hf_home: Path, calls: list[tuple[str, str]] = CALLS
 @pytest.fixture(scope="module")
 def service_mirror(emulator: EmulatorHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MirrorProcess]:
     cache = tmp_path_factory.mktemp("read-surface") / "cache"
-    with MirrorProcess(emulator.url, cache, "--upstream-token", SERVICE_TOKEN) as proc:
+    with MirrorProcess(emulator.url, cache, "--upstream-token", SERVICE_TOKEN,
+                       "--deny-repos", "model:acme/gated-*") as proc:
         yield proc
 
 
@@ -149,6 +150,28 @@ def test_upstream_errors_are_relayed_as_upstream_sent_them(emulator, service_mir
         assert private.status_code == 401 and private.headers["x-error-code"] == "RepoNotFound"
         unknown = client.get("/api/models/acme/tiny-model/some/unknown/route")  # still refused by the mirror
         assert unknown.status_code in (400, 404) and unknown.headers.get("x-error-code")
+
+
+def test_repo_policies_run_on_every_repo_scoped_route(emulator, service_mirror):
+    private = "/api/models/acme/private-model/likers"
+    with httpx.Client(base_url=service_mirror.url, timeout=30) as client:
+        emulator.reset_stats()
+        for path in ("/api/models/acme/gated-model/discussions", "/api/models/acme/gated-model/likers",
+                     "/api/models/acme/gated-model/auth-check"):
+            denied = client.get(path, headers={"authorization": f"Bearer {GOOD_TOKEN}"})
+            assert denied.status_code == 403 and denied.headers.get("x-error-code"), path  # the deny list
+        assert emulator.requests() == []
+        # Cached for an entitled caller (its own token), then asked anonymously and by a caller without access:
+        # refused as the Hub refuses them, the cached answer never served.
+        entitled = client.get(private, headers={"authorization": f"Bearer {GOOD_TOKEN}"})
+        assert entitled.status_code == 200 and entitled.headers["x-mirror-cache"] == "miss"
+        anonymous = client.get(private)
+        assert anonymous.status_code == 401 and anonymous.headers["x-error-code"] == "RepoNotFound"
+        other = client.get(private, headers={"authorization": f"Bearer {DENIED_TOKEN}"})
+        assert other.status_code == 404 and other.headers["x-error-code"] == "RepoNotFound"
+        assert b"ada" not in anonymous.content + other.content
+        again = client.get(private, headers={"authorization": f"Bearer {GOOD_TOKEN}"})
+        assert again.status_code == 200 and again.headers["x-mirror-cache"] == "hit"
 
 
 CACHED = ("/api/models/acme/tiny-model/likers", "/api/collections?owner=acme", "/api/daily_papers")
