@@ -12,7 +12,7 @@ from mirror.access import Caller
 from mirror.asgi import Receive, Scope, Send
 from mirror.errors import BadRequest, MirrorError
 from mirror.metrics import Metrics, Outcome
-from mirror.routes.common import mirror_base, query_pairs, read_body, send_error
+from mirror.routes.common import header, mirror_base, query_pairs, read_body, send_error
 from mirror.routetable import Caching, ReadRoute
 from mirror.service import MirrorService
 from mirror.service.answers import ApiResult
@@ -43,7 +43,9 @@ class ApiHandler:
             if raw_path.rstrip("/") == "/api/agent-harnesses":
                 result = ApiResult(200, (("content-type", "application/json"),), _AGENT_HARNESSES, Outcome.HIT)
             elif read is not None and read.caching is not Caching.NONE:
-                result = await self.service.read(read, target, raw_path, query_pairs(scope), caller)
+                revalidate = "no-cache" in (header(scope, b"cache-control") or "").lower()
+                result = await self.service.read(read, target, raw_path, query_pairs(scope), caller,
+                                                 revalidate=revalidate)
             elif read is not None or target is None:
                 query = self.service.read_query(read, query_pairs(scope)) if read is not None else query_pairs(scope)
                 return await self._relay(scope, send, raw_path, query, caller)

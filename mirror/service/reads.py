@@ -33,9 +33,10 @@ class ReadService(ApiService):
         return [(k, v) for k, v in query if k in route.params]
 
     async def read(self, route: ReadRoute, target: hf.ApiTarget | None, raw_path: str,
-                   query: list[tuple[str, str]], caller: Caller) -> ApiResult:
+                   query: list[tuple[str, str]], caller: Caller, *, revalidate: bool = False) -> ApiResult:
         """A stored answer (fresh, or stale when upstream cannot be asked) or upstream's, stored as the table says.
-        Only for routes cached (``route.caching`` is not NONE); those are relayed (:meth:`relay`)."""
+        Only for routes cached (``route.caching`` is not NONE); those are relayed (:meth:`relay`).
+        ``revalidate``: the caller asked ``Cache-Control: no-cache`` (the nightly sync's listings): upstream first."""
         caller = own_caller(caller)
         query = self.read_query(route, query)
         path = raw_path.split("?")[0].rstrip("/")
@@ -51,7 +52,7 @@ class ReadService(ApiService):
             digest = token_digest(caller.token)
             cached = self.index.get_read(path, digest, key_query)
             ttl = self.settings.read_ttl
-        fresh = cached is not None and time.time() - cached.fetched_at < ttl
+        fresh = cached is not None and not revalidate and time.time() - cached.fetched_at < ttl
         if cached is not None and fresh:
             if by_repo is not None:
                 await self._check_meta_access(by_repo, caller, cached)

@@ -185,6 +185,8 @@ def test_answers_are_cached_as_the_route_table_says(emulator, service_mirror):
         again = {path: client.get(path + ("&" if "?" in path else "?") + "junk=1") for path in CACHED}
         assert all(r.headers["x-mirror-cache"] == "hit" and r.content == first[p].content for p, r in again.items())
         assert emulator.requests() == []  # junk in a query is no new key
+        fresh = client.get(CACHED[2], headers={"cache-control": "no-cache"})  # what the nightly sync sends
+        assert fresh.headers["x-mirror-cache"] == "miss" and len(emulator.requests()) == 1
         mine = client.get("/api/whoami-v2", headers={"authorization": f"Bearer {CALLER_TOKEN}"})
         assert mine.status_code == 200 and mine.json()["name"] == "denied-user"
         other = client.get("/api/whoami-v2", headers={"authorization": f"Bearer {GOOD_TOKEN}"})
