@@ -212,3 +212,14 @@ def test_cached_answers_are_served_stale_when_upstream_fails(emulator, tmp_path)
             assert cold.status_code == 504 and cold.headers.get("x-error-code") and cold.json()["error"]
         finally:
             emulator.clear_faults()
+    # --offline on the same cache: the same, without asking upstream at all.
+    emulator.reset_stats()
+    with MirrorProcess(emulator.url, tmp_path / "cache", "--offline", env=env) as offline, \
+            httpx.Client(base_url=offline.url, timeout=30) as client:
+        for path in CACHED:
+            stale = client.get(path)
+            assert stale.status_code == 200 and stale.content == first[path].content, path
+            assert stale.headers["x-mirror-cache"] == "stale" and stale.headers["warning"].startswith("110")
+        cold = client.get("/api/users/ada/overview")
+        assert cold.status_code == 504 and cold.headers["x-error-code"] == "OfflineMiss"
+    assert emulator.requests() == []
