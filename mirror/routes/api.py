@@ -1,4 +1,5 @@
-"""``/api/...``: repo info, revision, tree, paths-info, refs, commits (cached); anything else relayed uncached."""
+"""``/api/...``: repo info, revision, tree, paths-info, refs, commits (cached); the routes of the route table
+(mirror.routetable: discussions, listings, whoami...) cached or relayed as it says."""
 
 from __future__ import annotations
 
