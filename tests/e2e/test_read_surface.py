@@ -126,6 +126,46 @@ def test_every_read_call_gives_the_same_result_through_the_mirror(emulator, serv
     assert not [p for p in paths if p.startswith("/api/spaces/semantic-search") and "q=" not in p], paths
 
 
+# Read commands of the ``hf`` CLI (huggingface_hub 2.4.0), each run straight against the emulator and through the
+# mirror: the same exit status and output.
+HF_COMMANDS: list[list[str]] = [
+    ["auth", "whoami"],
+    ["models", "ls", "--search", "tiny", "--limit", "5"],
+    ["models", "info", "acme/tiny-model"],
+    ["datasets", "ls", "--author", "acme"],
+    ["spaces", "ls", "--limit", "2"],
+    ["papers", "ls"],
+    ["papers", "info", "2401.00001"],
+    ["papers", "read", "2401.00001"],
+    ["papers", "search", "tiny"],
+    ["collections", "ls", "--owner", "acme"],
+    ["collections", "info", SLUG],
+    ["discussions", "list", "acme/tiny-model"],
+    ["discussions", "info", "acme/tiny-model", "1"],
+    ["repos", "ls"],
+]
+
+HF_CLI = """
+import json, os, subprocess, sys
+hf = os.path.join(os.path.dirname(sys.executable), "hf")
+out = []
+for command in json.loads(os.environ["COMMANDS"]):
+    done = subprocess.run([hf, *command], capture_output=True, text=True, timeout=60)
+    out.append([command, done.returncode, done.stdout.replace(os.environ["HF_ENDPOINT"], "<endpoint>")])
+print(json.dumps(out))
+"""
+
+
+def test_hf_cli_read_commands_give_the_same_output_through_the_mirror(emulator, service_mirror, tmp_path):
+    env = {"HF_TOKEN": CALLER_TOKEN, "COMMANDS": json.dumps(HF_COMMANDS)}
+    direct = run_client(HF_CLI, emulator.url, tmp_path / "direct", timeout=600, **env)
+    mirrored = run_client(HF_CLI, service_mirror.url, tmp_path / "mirrored", timeout=600, **env)
+    assert isinstance(direct, list) and isinstance(mirrored, list)
+    for (command, status, stdout), (_, status_m, stdout_m) in zip(direct, mirrored, strict=True):
+        assert (status_m, stdout_m) == (status, stdout), (command, stdout, stdout_m)
+        assert status == 0 and stdout.strip(), (command, status, stdout)
+
+
 def test_fixed_routes_are_not_repos_and_keep_their_query(emulator, service_mirror):
     with httpx.Client(base_url=service_mirror.url, timeout=30) as client:
         for path in ("/api/spaces/semantic-search", "/api/spaces/hardware", "/api/spaces/templates"):
