@@ -281,13 +281,14 @@ class MirrorApp:
                     return await self.mirror.xet_token.token(scope, send, route.api, caller)
                 if route.api.sub == "parquet":  # the parquet conversion's listing and files (mirror.viewer)
                     return await self.mirror.viewer.hub_parquet(scope, send, route.api, caller)
-                return await self.mirror.api(scope, receive, send, raw_path, route.api, caller)
+                return await self.mirror.api(scope, receive, send, raw_path, route.api, caller, route.read)
             if route.kind is hf.RouteKind.MIRROR:  # warm and ready: the repo named in the request is authorized
                 return await self.mirror.warm(scope, receive, send, raw_path,
                                               lambda repo: self.caller(scope, repo),
                                               self.auth.is_operator(bearer_token(scope)))
             if route.kind in (hf.RouteKind.LISTING, hf.RouteKind.LOCAL):
-                return await self.mirror.api(scope, receive, send, raw_path, None, self.caller(scope, None))
+                return await self.mirror.api(scope, receive, send, raw_path, None, self.caller(scope, None),
+                                             route.read)
             if route.kind is hf.RouteKind.OPS and raw_path.rstrip("/") in _GUARDED_OPS and self.settings.auth_required:
                 principal = self.auth.principal(bearer_token(scope))  # repo names and traffic: token holders only
                 # ... and of the repos, those its patterns allow (the status page, its JSON, the warm jobs).

@@ -118,6 +118,10 @@ class Settings(BaseSettings):
     cache_dir: UserPath = Path("~/.cache/hf-mirror")
     offline: Flag = False
     revision_ttl: float = Field(300.0, ge=0)
+    # The route table's lists, searches and per-caller answers (mirror.routetable): fresh this long; an answer
+    # larger than read_cache_entry is relayed, never stored.
+    read_ttl: float = Field(60.0, ge=0)
+    read_cache_entry: Bytes = 1024**2
     upstream_token: str | None = None
     workers: int = Field(1, ge=1)
     log_format: Literal["text", "json"] = "text"

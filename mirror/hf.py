@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import quote, unquote, unquote_to_bytes, urlsplit
 
+from mirror import routetable
 from mirror.errors import BadRequest
 
 
@@ -62,13 +63,11 @@ API_READ_ROUTES: dict[str, tuple[int, int | None]] = {
     "treesize": (1, None), "parquet": (0, 3), "xet-read-token": (1, 1),
 }
 # Every sub-route the Hub has after a repo id (reads and writes): they tell a repo id from a sub-route when parsing.
-API_SUBROUTES = frozenset(API_READ_ROUTES) - {""} | {
-    "xet-write-token", "resolve-cache", "discussions", "settings", "commit", "preupload", "lfs-files", "compare",
-    "super-squash", "tag", "branch", "likers", "restart", "pause", "duplicate", "secrets", "variables",
+# The other read sub-routes (discussions, likers, ...) are in the route table, mirror.routetable.REPO_ROUTES.
+API_SUBROUTES = frozenset(API_READ_ROUTES) - {""} | frozenset(routetable.REPO_ROUTES) | {
+    "xet-write-token", "resolve-cache", "settings", "commit", "preupload", "super-squash", "tag", "branch", "restart",
+    "pause", "duplicate", "like", "hardware", "sleeptime", "dev-mode", "logs", "volumes",
 }
-# Read routes that are not about one repo: listings and the caller's own identity. Relayed with the caller's own
-# token (never the service token), streamed, uncached.
-API_LISTING_ROUTES = frozenset({"/api/models", "/api/datasets", "/api/spaces", "/api/whoami-v2"})
 # The read routes whose JSON the mirror caches, and the query parameters each understands: only those go upstream
 # and make up the cache key. parquet is relayed uncached; xet-read-token is answered by the mirror.
 API_CACHED_ROUTES = frozenset({"info", "revision", "tree", "paths-info", "refs", "commits", "treesize"})
@@ -185,7 +184,8 @@ class ApiTarget:
     sub: str
     revision: str | None
     path: str
-    readable: bool = True  # one of API_READ_ROUTES, with its number of segments
+    readable: bool = True  # one of API_READ_ROUTES or of the route table, with its number of segments
+    read: routetable.ReadRoute | None = None  # a sub-route of the route table (its args are in ``path``)
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -234,6 +234,8 @@ def parse_api(raw_path: str) -> ApiTarget | None:
     rest = [s for s in segments[2:]]
     if rest and rest[-1] == "":
         rest = rest[:-1]
+    if rest and rest[0] in routetable.RESERVED[segments[1]]:
+        return None  # /api/spaces/semantic-search, /api/spaces/hardware...: a fixed route, never a repo
     if len(rest) >= 3 and rest[2] in API_SUBROUTES:
         pos = 2
     elif len(rest) >= 2 and rest[1] in API_SUBROUTES:
@@ -245,6 +247,12 @@ def parse_api(raw_path: str) -> ApiTarget | None:
     repo = RepoRef(repo_type, _split_repo(rest, pos))
     sub = rest[pos]
     args = rest[pos + 1 :]
+    read = routetable.REPO_ROUTES.get(sub)
+    if read is not None:
+        low, high = read.arity
+        if repo_type.value not in read.types or len(args) < low or (high is not None and len(args) > high):
+            return ApiTarget(repo, sub, None, "", readable=False)
+        return ApiTarget(repo, sub, None, validate_path(_decode("/".join(args)), allow_empty=True), read=read)
     arity = API_READ_ROUTES.get(sub)
     if arity is None or len(args) < arity[0] or (arity[1] is not None and len(args) > arity[1]):
         return ApiTarget(repo, sub, None, "", readable=False)  # a write route, or a read route misspelt
@@ -256,7 +264,7 @@ def parse_api(raw_path: str) -> ApiTarget | None:
 class RouteKind(StrEnum):
     RESOLVE = "resolve"
     API = "api"  # a read route of one repo
-    LISTING = "listing"  # a repo-less read route, relayed with the caller's own token
+    LISTING = "listing"  # a repo-less read route of the route table, relayed with the caller's own token
     LOCAL = "local"  # answered by the mirror itself (agent-harnesses)
     OPS = "ops"  # the mirror's own pages: status, metrics, healthz, docs
     MIRROR = "mirror"  # the mirror's own API: warm on request, readiness (writes to the mirror, never upstream)
@@ -269,6 +277,7 @@ class Route:
     methods: tuple[str, ...] = ("GET", "HEAD")  # what the mirror answers here besides OPTIONS; never a write
     resolve: ResolveTarget | None = None
     api: ApiTarget | None = None
+    read: routetable.ReadRoute | None = None  # a route of the route table (repo-scoped ones: also ``api``)
 
 
 _OPS_PATHS = frozenset({"/", "/healthz", "/metrics", "/api/mirror/status", "/docs", "/openapi.json",
@@ -290,12 +299,13 @@ def classify(raw_path: str) -> Route:
         return Route(RouteKind.MIRROR, methods=("POST",))
     if path == "/api/mirror/ready" or (path.startswith("/api/mirror/warm/") and path.count("/") == 4):
         return Route(RouteKind.MIRROR)
-    if path in API_LISTING_ROUTES:
-        return Route(RouteKind.LISTING)
+    fixed = routetable.match_fixed(path)
+    if fixed is not None:
+        return Route(RouteKind.LISTING, read=fixed)
     if raw_path.startswith("/api/"):
         api = parse_api(raw_path)
         if api is not None and api.readable:
-            return Route(RouteKind.API, methods=api.methods, api=api)
+            return Route(RouteKind.API, methods=api.methods, api=api, read=api.read)
     return Route(RouteKind.UNKNOWN)
 
 

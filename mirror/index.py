@@ -6,6 +6,8 @@ Keys and what they mean:
     ("file", type, repo, commit, path)     -> FileEntry       immutable: a path at a commit (or its absence)
     ("api", type, repo, rev, route, query) -> ApiEntry        cached API JSON; immutable when rev is a commit sha
                                                               (route: api_route_key, query: api_query_key)
+    ("read", path, token digest, query)    -> ApiEntry        a route of mirror.routetable not about one repo
+                                                              (expires after READ_KEEP: anyone's input)
     ("public", type, repo)                 -> bool            whether an anonymous caller may read the repo
     ("access", subject, kind, repo key)    -> (bool, time)    a token's (or "public") access, see mirror.access
     ("pin", type, repo)                    -> manifest name   repos that eviction must keep
@@ -80,6 +82,7 @@ _NEGATIVE_LOW_WATER = 0.9
 # Each process counts the negative entries again (one SQL query) after this many of its own: other workers' entries
 # are then seen too, so the bound holds across processes within that many entries each.
 _NEGATIVE_RECOUNT = 256
+READ_KEEP = 86400.0  # seconds an answer of the route table is kept (served stale when upstream fails), then culled
 _SEP = "\x1f"  # string keys: diskcache stores str natively, tuples are pickled (slow on the hot path)
 
 
@@ -205,12 +208,21 @@ class MetadataIndex:
     def get_api(self, repo: RepoRef, revision: str | None, route: str, query: str) -> ApiEntry | None:
         return self._cache.get(_key("api", repo.type.value, repo.repo_id, revision, route, query))
 
-    def put_api(self, repo: RepoRef, revision: str | None, route: str, query: str, entry: ApiEntry) -> None:
+    def put_api(self, repo: RepoRef, revision: str | None, route: str, query: str, entry: ApiEntry,
+                expire: float | None = None) -> None:
         key = _key("api", repo.type.value, repo.repo_id, revision, route, query)
         if entry.status >= 400:
             self._put_negative(key, entry, NEGATIVE_TTL)
         else:
-            self._cache.set(key, entry)
+            self._cache.set(key, entry, expire=expire)
+
+    def get_read(self, path: str, token_digest: str, query: str) -> ApiEntry | None:
+        return self._cache.get(_key("read", path, token_digest, query))
+
+    def put_read(self, path: str, token_digest: str, query: str, entry: ApiEntry) -> None:
+        # Any caller can make these in unbounded variety (searches, listings, missing pages): they live under the
+        # same count and byte bounds as remembered 404s, oldest dropped first, counted in the cache's usage.
+        self._put_negative(_key("read", path, token_digest, query), entry, READ_KEEP)
 
     # Xet hashes upstream gave (mirror.xet.catalog) --------------------------------------------------------------
     def get_xet(self, repo: RepoRef, parts: tuple[str, ...]) -> Any:

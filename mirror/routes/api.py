@@ -1,4 +1,5 @@
-"""``/api/...``: repo info, revision, tree, paths-info, refs, commits (cached); anything else relayed uncached."""
+"""``/api/...``: repo info, revision, tree, paths-info, refs, commits (cached); the routes of the route table
+(mirror.routetable: discussions, listings, whoami...) cached or relayed as it says."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from mirror.access import Caller
 from mirror.asgi import Receive, Scope, Send
 from mirror.errors import BadRequest, MirrorError
 from mirror.metrics import Metrics, Outcome
-from mirror.routes.common import mirror_base, query_pairs, read_body, send_error
+from mirror.routes.common import header, mirror_base, query_pairs, read_body, send_error
+from mirror.routetable import Caching, ReadRoute
 from mirror.service import MirrorService
 from mirror.service.answers import ApiResult
 
@@ -34,14 +36,22 @@ class ApiHandler:
         self.annotate: Callable[[hf.ApiTarget, ApiResult], ApiResult] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, raw_path: str,
-                       target: hf.ApiTarget | None, caller: Caller) -> Outcome:
-        """A read route: cached JSON for one repo's routes, relayed as it arrives for the rest."""
+                       target: hf.ApiTarget | None, caller: Caller, read: ReadRoute | None = None) -> Outcome:
+        """A read route: cached JSON for one repo's routes, the route table's routes as it says (cached, or relayed
+        as they arrive)."""
         method = scope["method"]
         try:
             if raw_path.rstrip("/") == "/api/agent-harnesses":
                 result = ApiResult(200, (("content-type", "application/json"),), _AGENT_HARNESSES, Outcome.HIT)
-            elif target is None or (target.sub or "info") not in hf.API_CACHED_ROUTES | {"xet-read-token"}:
-                return await self._relay(scope, send, raw_path, caller)
+            elif read is not None and read.caching is not Caching.NONE:
+                revalidate = "no-cache" in (header(scope, b"cache-control") or "").lower()
+                result = await self.service.read(read, target, raw_path, query_pairs(scope), caller,
+                                                 revalidate=revalidate)
+            elif read is not None or target is None:
+                query = self.service.read_query(read, query_pairs(scope)) if read is not None else query_pairs(scope)
+                return await self._relay(scope, send, raw_path, query, caller)
+            elif (target.sub or "info") not in hf.API_CACHED_ROUTES | {"xet-read-token"}:
+                return await self._relay(scope, send, raw_path, query_pairs(scope), caller)
             else:
                 form = await self._read_form(scope, receive) if method == "POST" else None
                 result = await self.service.api(target, method, raw_path, query_pairs(scope), form, caller)
@@ -60,12 +70,13 @@ class ApiHandler:
         await send({"type": "http.response.body", "body": b"" if method == "HEAD" else result.body})
         return result.outcome
 
-    async def _relay(self, scope: Scope, send: Send, raw_path: str, caller: Caller) -> Outcome:
+    async def _relay(self, scope: Scope, send: Send, raw_path: str, query: list[tuple[str, str]],
+                     caller: Caller) -> Outcome:
         """Stream an uncached read route from upstream, never more than ``max_relay_bytes``; memory stays bounded."""
         head = scope["method"] == "HEAD"
         started = False
         try:
-            async with self.service.relay(raw_path, query_pairs(scope), caller) as body:
+            async with self.service.relay(raw_path, query, caller) as body:
                 headers = [(b"x-mirror-cache", Outcome.PASSTHROUGH.encode())]
                 headers += _relayed_headers(tuple(body.headers.items()), scope)
                 await send({"type": "http.response.start", "status": body.status_code, "headers": headers})

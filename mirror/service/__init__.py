@@ -15,14 +15,15 @@ keys are built by :mod:`mirror.index`.
 - :mod:`mirror.service.core`: what both sides share (the parts, refs remembered, the unconfirmed-access refusal);
 - :mod:`mirror.service.files`: resolve a file, check content access, decide where its bytes come from;
 - :mod:`mirror.service.listing`: a cached tree listing read back as file entries;
-- :mod:`mirror.service.api`: cached API JSON, its stale fallback, the relay of uncached read routes.
+- :mod:`mirror.service.api`: cached API JSON, its stale fallback, the relay of uncached read routes;
+- :mod:`mirror.service.reads`: the routes of the route table (mirror.routetable), cached as it says.
 """
 
-from mirror.service.api import ApiService
 from mirror.service.files import FileService
+from mirror.service.reads import ReadService
 
 
-class MirrorService(FileService, ApiService):
+class MirrorService(FileService, ReadService):
     """The one service a mirror's routes and its sync ask: the file side and the API side, over shared parts."""
 
 

@@ -65,7 +65,7 @@ class ApiService(ServiceCore):
         if response.status_code >= 500:
             return await self._stale_api(target, caller, cached, self.upstream.error(response, resolve=False))
         if response.status_code >= 400:
-            error = self.upstream.error(response, resolve=False)
+            error = self.upstream.error(response, resolve=False, infer=False)  # upstream's code, or none
             if immutable and isinstance(error, EntryNotFound):
                 # A path missing at a commit stays missing: remember it, so that datasets' probes of absent folders
                 # keep their fast 404 while upstream is down.

@@ -58,6 +58,7 @@ class MirrorBackend:
         url: str | None = f"{self.base}/api/{repo_type.value}s"
         params: list[tuple[str, str]] | None = list(query)
         headers = {"authorization": f"Bearer {token}"} if token else {}
+        headers["cache-control"] = "no-cache"  # the mirror keeps listings read_ttl seconds: this run needs today's
         seen: set[str] = set()
         while url is not None:
             key = url + repr(params)

@@ -179,7 +179,7 @@ class UpstreamClient(UpstreamConnection):
         response = await self._with_retries(attempt)
         try:
             if response.status_code >= 400:
-                raise self.error(await read_error(response), resolve=False)
+                raise self.error(await read_error(response), resolve=False, infer=False)
             yield RelayBody(response.status_code, response.headers, response.aiter_bytes())
         finally:
             await response.aclose()

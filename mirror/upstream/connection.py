@@ -196,9 +196,9 @@ class UpstreamConnection:
         """``text`` without credentials: the service token, bearer values, URL passwords, cookies."""
         return scrub_secrets(text, self._secrets)
 
-    def error(self, response: httpx.Response | UpstreamAnswer, *, resolve: bool) -> MirrorError:
+    def error(self, response: httpx.Response | UpstreamAnswer, *, resolve: bool, infer: bool = True) -> MirrorError:
         """The Hub-shaped error for an upstream error answer, scrubbed of credentials (an upstream may echo them)."""
-        error = hub_error(response, resolve=resolve)
+        error = hub_error(response, resolve=resolve, infer=infer)
         error.message = self.scrub(error.message)
         error.args = (error.message,)
         return error

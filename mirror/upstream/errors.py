@@ -14,8 +14,11 @@ from mirror.upstream.values import UpstreamAnswer
 _RATE_LIMIT_HEADERS = ("Retry-After", "RateLimit", "RateLimit-Policy")
 
 
-def hub_error(response: httpx.Response | UpstreamAnswer, *, resolve: bool) -> MirrorError:
-    """Map an upstream error response to a HubError that keeps its status, code, message and commit."""
+def hub_error(response: httpx.Response | UpstreamAnswer, *, resolve: bool, infer: bool = True) -> MirrorError:
+    """Map an upstream error response to a HubError that keeps its status, code, message and commit.
+
+    ``infer=False``: an answer without ``X-Error-Code`` stays without one (the read routes relay upstream's errors as
+    upstream sent them: a 404 of a listing is no RepoNotFound)."""
     code = response.headers.get(hf.H_ERROR_CODE)
     message = response.headers.get(hf.H_ERROR_MESSAGE) or _json_error(response) or response.reason_phrase
     commit = response.headers.get(hf.H_REPO_COMMIT)
@@ -24,7 +27,7 @@ def hub_error(response: httpx.Response | UpstreamAnswer, *, resolve: bool) -> Mi
         return UpstreamUnavailable(f"Upstream answered {status}: {message}")
     if code == "EntryNotFound":
         return EntryNotFound(commit, message)
-    if code is None:  # The mirror always sends a code (clients need one over http://); infer the Hub's.
+    if code is None and infer:  # The mirror always sends a code (clients need one over http://); infer the Hub's.
         code = {401: "RepoNotFound", 403: "GatedRepo", 404: "EntryNotFound" if resolve else "RepoNotFound"}.get(
             status
         )

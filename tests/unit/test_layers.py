@@ -223,7 +223,7 @@ def test_the_layer_rules_see_their_modules() -> None:
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("values and the wire contract", ("mirror.config", "mirror.errors", "mirror.hf", "mirror.integrity",
-                                      "mirror.metrics", "mirror.logs", "mirror.asgi")),
+                                      "mirror.metrics", "mirror.logs", "mirror.asgi", "mirror.routetable")),
     ("adapters", ("mirror.index", "mirror.storage", "mirror.upstream")),
     ("policy", ("mirror.access", "mirror.auth", "mirror.fill", "mirror.service", "mirror.viewer", "mirror.parquet_info",
                 "mirror.xet")),

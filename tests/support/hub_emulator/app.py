@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote
 
 from mirror.asgi import Receive, Scope, Send, answer_lifespan, read_body, send_response
+from tests.support.hub_emulator import community
 from tests.support.hub_emulator import viewer as viewer_host
 from tests.support.hub_emulator.fixtures import (
     CREATED_AT,
@@ -299,6 +300,9 @@ class Emulator:
         if segments[0] == "api":
             self.counts["api"] += 1
             raise self.api(method, segments[1:], query, headers, body, token)
+        if segments[0] == "papers" and method in ("GET", "HEAD"):  # /papers/{id}.md: a paper as Markdown
+            raise community_response(community.fixed(segments, query, token, headers.get("host", ""))
+                                     or (404, {"error": "Not Found"}, {}))
         repo_type = "model"
         if segments[0] in ("datasets", "spaces"):
             repo_type, segments = TYPES[segments[0]], segments[1:]
@@ -373,6 +377,9 @@ class Emulator:
             token: str | None) -> Response:
         if segments == ["agent-harnesses"]:
             return json_response({"standardEnvVars": [], "harnesses": {}})
+        if method in ("GET", "HEAD") and (answer := community.fixed(segments, query, token,
+                                                                    headers.get("host", ""))) is not None:
+            return community_response(answer)
         repo_type = TYPES.get(segments[0]) if segments else None
         if repo_type is not None and len(segments) == 1 and method in ("GET", "HEAD"):
             return self.list_repos(repo_type, query, headers, token)
@@ -389,6 +396,10 @@ class Emulator:
                                   "x-xet-token-expiration": str(int(time.time()) + 600),
                                   "content-type": "application/json"}, b"{}")
         repo = self.readable_repo(repo_type, repo_id, token)
+        if action not in API_ACTIONS and action not in ("", "parquet", "treesize"):
+            answer = community.repo_route(repo_type, repo_id, action, [unquote(a) for a in args], query, token,
+                                          headers.get("host", ""))
+            return community_response(answer) if answer is not None else hub_error(404, None, "Not Found")
         if action == "parquet" and repo_type == "dataset":
             self.counts["api_parquet"] += 1
             try:
@@ -572,6 +583,13 @@ class Emulator:
         end = min(end, file.size)
         out["content-range"] = f"bytes {start}-{end - 1}/{file.size}"
         return start, end, 206
+
+
+def community_response(answer: community.Answer) -> Response:
+    status, body, headers = answer
+    if isinstance(body, str):
+        return Response(status, {"content-type": "text/markdown; charset=utf-8", **headers}, body.encode())
+    return Response(status, {"content-type": "application/json", **headers}, json.dumps(body).encode())
 
 
 def json_response(data: Any, headers: Headers | None = None) -> Response:
