@@ -148,7 +148,10 @@ class Repo:
         return commit
 
     def resolve(self, rev: str) -> Commit | None:
-        """A branch, tag, ``refs/pr/N``, full sha or unambiguous short sha (>= 7 hex) to its commit."""
+        """A branch, tag, ``refs/pr/N``, full sha or unambiguous short sha (>= 7 hex) to its commit; ``HEAD`` is the
+        default branch (huggingface.js asks ``/api/models/{repo}/revision/HEAD`` for ``modelInfo``)."""
+        if rev == "HEAD":
+            rev = "main"
         for refs in (self.branches, self.tags, self.prs):
             if rev in refs:
                 return self.commits[refs[rev]]
