@@ -34,6 +34,9 @@ DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_HEADER_TIMEOUT = 10.0
 KEEP_ALIVE_TIMEOUT = 5
 _SLICE = 64 * 1024  # most bytes fed to the parser at once
+# After an error answer, how long the client has to take it before the connection is cut: a graceful close waits
+# for the write buffer to drain and, over TLS, for the client's close_notify (asyncio waits 30 s for it).
+CLOSE_GRACE = 2.0
 
 log = logging.getLogger("hf_mirror")
 
@@ -56,6 +59,8 @@ class HttpProtocol(HttpToolsProtocol):
       connection forever). A silent connection between two requests is uvicorn's keep-alive timeout's to close
       (it starts when the response is handed to the kernel, while a slow client may still be reading it). A
       response being sent and a body being uploaded after complete headers are never cut by either.
+    * After an error answer (408, 431, 400) the connection is closed, and cut ``CLOSE_GRACE`` later if the close has
+      not completed: neither a client that does not read nor one that never ends its TLS session keeps it open.
     * HTTP/1.0 keep-alive: uvicorn closes every HTTP/1.0 connection after one response; load tools such as ``ab``
       speak 1.0 with ``Connection: keep-alive`` and would otherwise measure TCP handshakes instead of the mirror.
 
@@ -72,6 +77,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._unparsed = 0  # bytes fed since the last piece of body or the last complete request: head, framing
         self._head_complete = False  # the current request's line and headers are parsed
         self._header_timer: asyncio.TimerHandle | None = None
+        self._abort_timer: asyncio.TimerHandle | None = None
 
     # Connection life.
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -80,6 +86,9 @@ class HttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        if self._abort_timer is not None:
+            self._abort_timer.cancel()
+            self._abort_timer = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -157,12 +166,12 @@ class HttpProtocol(HttpToolsProtocol):
         if self._unparsed and not self._head_complete:  # a head was begun: say why it is cut
             self._send_error(_RequestTimeout(f"request line and headers not received within {self.header_timeout:g}s"))
         else:
-            self.transport.close()
+            self._close()
 
     def _refuse_oversized(self) -> None:
         if self._head_complete or not self._idle():
             # Trailers or chunk framing, or a pipelined head behind a response in progress: nothing can be answered.
-            self.transport.close()
+            self._close()
             return
         self._send_error(HeadersTooLarge(f"request line and headers exceed {self.max_header_bytes} bytes"))
 
@@ -179,7 +188,14 @@ class HttpProtocol(HttpToolsProtocol):
             out += [name, b": ", value, b"\r\n"]
         out += [b"\r\n", body]
         self.transport.write(b"".join(out))
+        self._close()
+
+    def _close(self) -> None:
+        """Close the connection, and cut it if it is not gone within CLOSE_GRACE: a client that trickles a head
+        and never reads its answer (or never ends its TLS session) must not keep it open."""
         self.transport.close()
+        if self._abort_timer is None:
+            self._abort_timer = self.loop.call_later(CLOSE_GRACE, self.transport.abort)
 
 
 def protocol_factory(settings: Settings) -> Callable[..., HttpProtocol]:
