@@ -93,33 +93,43 @@ class HttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
-        view = memoryview(data)
-        while view:
-            # A slice never holds more than the room left under the cap (plus one byte, to see it crossed), nor
-            # more than _SLICE: whatever the parser is given, it buffers at most the cap and one slice.
-            size = min(len(view), _SLICE, max(self.max_header_bytes + 1 - self._unparsed, 1))
-            piece, view = view[:size], view[size:]
-            self._unparsed += size
-            try:
-                self.parser.feed_data(piece)
-            except httptools.HttpParserError:
-                msg = "Invalid HTTP request received."
-                self.logger.warning(msg)
-                self.send_400_response(msg)
+        if len(data) <= _SLICE and self._unparsed + len(data) <= self.max_header_bytes:
+            # The common case (a whole request head, well under the cap): one feed, no slicing.
+            self._unparsed += len(data)
+            if not self._feed(data):
                 return
-            except httptools.HttpParserUpgrade:
-                if self._should_upgrade():
-                    self.handle_websocket_upgrade()
-                else:
-                    self._unsupported_upgrade_warning()
-                return
-            if self.transport.is_closing():
-                return
-            if self._unparsed > self.max_header_bytes:
-                self._refuse_oversized()
-                return
+        else:
+            view = memoryview(data)
+            while view:
+                # A slice never holds more than the room left under the cap (plus one byte, to see it crossed), nor
+                # more than _SLICE: whatever the parser is given, it buffers at most the cap and one slice.
+                size = min(len(view), _SLICE, max(self.max_header_bytes + 1 - self._unparsed, 1))
+                piece, view = view[:size], view[size:]
+                self._unparsed += size
+                if not self._feed(piece):
+                    return
+                if self._unparsed > self.max_header_bytes:
+                    self._refuse_oversized()
+                    return
         if self._header_timer is None and self._idle():  # a head has begun: it is due within header_timeout
             self._arm_header_timer()
+
+    def _feed(self, piece: bytes | memoryview) -> bool:
+        """Give the parser ``piece``; False when the connection is done with (a bad request, an upgrade, closed)."""
+        try:
+            self.parser.feed_data(piece)
+        except httptools.HttpParserError:
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return False
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return False
+        return not self.transport.is_closing()
 
     # Parser callbacks.
     def on_message_begin(self) -> None:
