@@ -41,6 +41,9 @@ DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_HEADER_TIMEOUT = 10.0
 KEEP_ALIVE_TIMEOUT = 5
 _SLICE = 64 * 1024  # most bytes fed to the parser at once
+# After an error answer, how long the client has to take it before the connection is cut: a graceful close waits
+# for the write buffer to drain and, over TLS, for the client's close_notify (asyncio waits 30 s for it).
+CLOSE_GRACE = 2.0
 
 log = logging.getLogger("hf_mirror")
 
@@ -63,6 +66,8 @@ class HttpProtocol(HttpToolsProtocol):
       connection forever). A silent connection between two requests is uvicorn's keep-alive timeout's to close
       (it starts when the response is handed to the kernel, while a slow client may still be reading it). A
       response being sent and a body being uploaded after complete headers are never cut by either.
+    * After an error answer (408, 431, 400) the connection is closed, and cut ``CLOSE_GRACE`` later if the close has
+      not completed: neither a client that does not read nor one that never ends its TLS session keeps it open.
     * HTTP/1.0 keep-alive: uvicorn closes every HTTP/1.0 connection after one response; load tools such as ``ab``
       speak 1.0 with ``Connection: keep-alive`` and would otherwise measure TCP handshakes instead of the mirror.
 
@@ -79,6 +84,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._unparsed = 0  # bytes fed since the last piece of body or the last complete request: head, framing
         self._head_complete = False  # the current request's line and headers are parsed
         self._header_timer: asyncio.TimerHandle | None = None
+        self._abort_timer: asyncio.TimerHandle | None = None
 
     # Connection life.
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -87,37 +93,50 @@ class HttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        if self._abort_timer is not None:
+            self._abort_timer.cancel()
+            self._abort_timer = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
-        view = memoryview(data)
-        while view:
-            # A slice never holds more than the room left under the cap (plus one byte, to see it crossed), nor
-            # more than _SLICE: whatever the parser is given, it buffers at most the cap and one slice.
-            size = min(len(view), _SLICE, max(self.max_header_bytes + 1 - self._unparsed, 1))
-            piece, view = view[:size], view[size:]
-            self._unparsed += size
-            try:
-                self.parser.feed_data(piece)
-            except httptools.HttpParserError:
-                msg = "Invalid HTTP request received."
-                self.logger.warning(msg)
-                self.send_400_response(msg)
+        if len(data) <= _SLICE and self._unparsed + len(data) <= self.max_header_bytes:
+            # The common case (a whole request head, well under the cap): one feed, no slicing.
+            self._unparsed += len(data)
+            if not self._feed(data):
                 return
-            except httptools.HttpParserUpgrade:
-                if self._should_upgrade():
-                    self.handle_websocket_upgrade()
-                else:
-                    self._unsupported_upgrade_warning()
-                return
-            if self.transport.is_closing():
-                return
-            if self._unparsed > self.max_header_bytes:
-                self._refuse_oversized()
-                return
+        else:
+            view = memoryview(data)
+            while view:
+                # A slice never holds more than the room left under the cap (plus one byte, to see it crossed), nor
+                # more than _SLICE: whatever the parser is given, it buffers at most the cap and one slice.
+                size = min(len(view), _SLICE, max(self.max_header_bytes + 1 - self._unparsed, 1))
+                piece, view = view[:size], view[size:]
+                self._unparsed += size
+                if not self._feed(piece):
+                    return
+                if self._unparsed > self.max_header_bytes:
+                    self._refuse_oversized()
+                    return
         if self._header_timer is None and self._idle():  # a head has begun: it is due within header_timeout
             self._arm_header_timer()
+
+    def _feed(self, piece: bytes | memoryview) -> bool:
+        """Give the parser ``piece``; False when the connection is done with (a bad request, an upgrade, closed)."""
+        try:
+            self.parser.feed_data(piece)
+        except httptools.HttpParserError:
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return False
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return False
+        return not self.transport.is_closing()
 
     # Parser callbacks.
     def on_message_begin(self) -> None:
@@ -164,12 +183,12 @@ class HttpProtocol(HttpToolsProtocol):
         if self._unparsed and not self._head_complete:  # a head was begun: say why it is cut
             self._send_error(_RequestTimeout(f"request line and headers not received within {self.header_timeout:g}s"))
         else:
-            self.transport.close()
+            self._close()
 
     def _refuse_oversized(self) -> None:
         if self._head_complete or not self._idle():
             # Trailers or chunk framing, or a pipelined head behind a response in progress: nothing can be answered.
-            self.transport.close()
+            self._close()
             return
         self._send_error(HeadersTooLarge(f"request line and headers exceed {self.max_header_bytes} bytes"))
 
@@ -186,7 +205,14 @@ class HttpProtocol(HttpToolsProtocol):
             out += [name, b": ", value, b"\r\n"]
         out += [b"\r\n", body]
         self.transport.write(b"".join(out))
+        self._close()
+
+    def _close(self) -> None:
+        """Close the connection, and cut it if it is not gone within CLOSE_GRACE: a client that trickles a head
+        and never reads its answer (or never ends its TLS session) must not keep it open."""
         self.transport.close()
+        if self._abort_timer is None:
+            self._abort_timer = self.loop.call_later(CLOSE_GRACE, self.transport.abort)
 
 
 def protocol_factory(settings: Settings) -> Callable[..., HttpProtocol]:

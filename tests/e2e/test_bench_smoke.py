@@ -70,3 +70,17 @@ def test_huge_small(tmp_path: Path) -> None:
     meta = json.loads(out.read_text())["meta"]
     assert meta["xorb_requests"] > 0 and meta["blob_bytes_on_disk"] == 96 * 2**20
     assert meta["upstream_bytes_per_file_byte"] == 1.0  # windows, no relays: each byte once
+
+
+def test_head_small(tmp_path: Path) -> None:
+    """The warm-HEAD bench beside nginx, with this tree as its own --baseline (the paired before/after path)."""
+    out = tmp_path / "head.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.head", "--rounds", "1", "--seconds", "1", "--connections", "4",
+                           "--baseline", str(REPO_ROOT), "--json", str(out)], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [row for r in json.loads(out.read_text())["reports"] for row in r["rows"]]
+    rates = [row for row in rows if row["measure"].startswith("requests/s")]
+    assert [row["measure"].split(",")[1].split()[0] for row in rates] == ["mirror", "baseline", "mirror"]
+    assert all(row["mirror"] > 0 and row["ratio"] > 0 for row in rates)
+    assert all(row["failed"] == 0 for row in rates[:2])

@@ -4,6 +4,7 @@
   the process does not grow, and a 100 MiB header streamed over a raw socket is cut long before its end;
 * a client that does not complete its request head within ``header_timeout`` is disconnected (slow loris, idle
   connection), while a keep-alive client, a slow download and a slow upload after complete headers are not;
+* after the 408 the connection ends (issue 23 item 8), over TLS too, when the client never sends its close_notify;
 * control characters from a client's path never reach a log line raw.
 """
 
@@ -12,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -230,6 +233,68 @@ def test_silent_connection_is_closed_within_header_timeout(limited):
     assert elapsed <= HEADER_TIMEOUT + MARGIN and answer == b"", (elapsed, answer[:200])
 
 
+def _tcp_established(sock: socket.socket) -> bool:
+    """Whether the kernel still has this client socket's connection ESTABLISHED (the server has not closed its end),
+    read from /proc/net/tcp: what a TLS client cannot tell from its reads once the server's close_notify came."""
+    local = sock.getsockname()[1]
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == local:
+            return fields[3] == "01"
+    return False
+
+
+def _trickle_until_408(sock: socket.socket, deadline: float) -> bytes:
+    """A request line, then one header line a second, never the blank line: what came back once the mirror answered."""
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: m\r\n")
+    sock.settimeout(1.0)
+    for i in range(int(deadline) + 1):
+        try:
+            sock.sendall(b"X-Trickle-%d: v\r\n" % i)
+            data = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except ConnectionError:
+            return b""
+        sock.settimeout(deadline)
+        answer = data
+        while b"\r\n\r\n" not in answer and data:
+            data = sock.recv(65536)
+            answer += data
+        return answer
+    raise AssertionError(f"no answer after {deadline:.0f}s of trickled header lines")
+
+
+def _assert_closed_after(sock: socket.socket, answer: bytes, started: float, limit: float) -> None:
+    """The answer is a 408 with Connection: close, and the connection ends (EOF, and the server's end of the TCP
+    connection closed) well within ``limit`` seconds of ``started``."""
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert b"\r\nconnection: close\r\n" in answer.lower(), answer[:400]
+    sock.settimeout(max(limit - (time.monotonic() - started), 0.1))
+    try:
+        while sock.recv(65536):  # the rest of the 408's body, then EOF
+            pass
+    except ConnectionError:
+        pass  # a reset (the trickle crossed the close) ends the connection too
+    while _tcp_established(sock):
+        assert time.monotonic() - started < limit, f"still connected {limit:.0f}s after the head began"
+        time.sleep(0.1)
+
+
+def test_trickled_header_lines_get_a_408_then_the_connection_is_closed(limited):
+    """Issue 23 item 8: one header line a second never completes the head; after the 408 the connection ends."""
+    limit = HEADER_TIMEOUT + 10  # the timeout, the close's grace and a loaded machine's slack; not a timing bound
+    with connect(limited) as sock:
+        started = time.monotonic()
+        _assert_closed_after(sock, _trickle_until_408(sock, limit), started, limit)
+    # and a keep-alive client is unaffected: two requests on one connection
+    with connect(limited) as sock:
+        for _ in range(2):
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: m\r\n\r\n")
+            status, headers, _ = read_response(sock)
+            assert status == 200 and headers.get("connection") != "close"
+
+
 def test_slow_head_after_a_response_is_timed_from_its_end(limited):
     """On keep-alive, a head begun right after a response is due within header_timeout, however slowly it comes."""
     with connect(limited) as sock:
@@ -321,8 +386,9 @@ async def app(scope, receive, send):
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
     await send({"type": "http.response.body", "body": body})
 
+tls = dict(ssl_certfile=sys.argv[2], ssl_keyfile=sys.argv[3]) if len(sys.argv) > 3 else {}
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), lifespan="off", log_level="warning",
-            http=functools.partial(HttpProtocol, header_timeout=1.0, max_header_bytes=16 * 1024))
+            http=functools.partial(HttpProtocol, header_timeout=1.0, max_header_bytes=16 * 1024), **tls)
 """
 
 
@@ -331,11 +397,9 @@ class EchoServer:
     port: int
 
 
-@pytest.fixture(scope="module")
-def echo() -> Iterator[EchoServer]:
-    """The bare protocol (header_timeout 1 s, 16 KiB cap) under uvicorn, in front of an app that reads any body."""
+def _echo_server(*tls: str) -> Iterator[EchoServer]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(port)], cwd=REPO_ROOT)
+    proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(port), *tls], cwd=REPO_ROOT)
     handle = EchoServer(port)
     try:
         deadline = time.monotonic() + 20
@@ -350,6 +414,36 @@ def echo() -> Iterator[EchoServer]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def echo() -> Iterator[EchoServer]:
+    """The bare protocol (header_timeout 1 s, 16 KiB cap) under uvicorn, in front of an app that reads any body."""
+    yield from _echo_server()
+
+
+@pytest.fixture(scope="module")
+def tls_echo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EchoServer]:
+    """The same, over TLS (a self-signed certificate made with the openssl CLI)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("the openssl CLI is not installed (apt-get install openssl)")
+    tmp = tmp_path_factory.mktemp("tls")
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    yield from _echo_server(str(cert), str(key))
+
+
+def test_trickled_head_over_tls_is_closed_without_the_clients_close_notify(tls_echo):
+    """After the 408 the server's close waits for a TLS client's close_notify (asyncio: 30 s); a client that never
+    sends it is cut after the close's grace instead."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    limit = 1.0 + 10
+    with context.wrap_socket(connect(tls_echo), server_hostname="127.0.0.1") as sock:
+        started = time.monotonic()
+        _assert_closed_after(sock, _trickle_until_408(sock, limit), started, limit)
 
 
 def test_slow_body_upload_is_not_cut(echo):

@@ -30,13 +30,14 @@ class MirrorProcess:
     """``python -m mirror serve`` on a free port; stopped by PID."""
 
     def __init__(self, upstream: str, cache_dir: Path, *extra: str, port: int | None = None,
-                 env: dict[str, str] | None = None, python: str = sys.executable) -> None:
+                 env: dict[str, str] | None = None, python: str = sys.executable, cwd: Path = REPO_ROOT) -> None:
         self.upstream = upstream
         self.cache_dir = cache_dir
         self.extra = list(extra)
         self.port = port or free_port()
         self.env = env or {}
         self.python = python
+        self.cwd = cwd  # the source tree whose ``mirror`` package runs (bench/head.py runs an older one beside it)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = cache_dir.parent / f"mirror-{self.port}.log"
 
@@ -50,7 +51,7 @@ class MirrorProcess:
         cmd = [self.python, "-m", "mirror", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--upstream", self.upstream, "--cache-dir", str(self.cache_dir), *self.extra]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
