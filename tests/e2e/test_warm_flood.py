@@ -227,7 +227,7 @@ def test_a_warm_over_the_size_cap_is_refused(emulator, tmp_path: Path):
         whole = client.post("/api/mirror/warm", json={"repo": MODEL})  # model.safetensors alone is 300 KB
         assert whole.status_code == 413, whole.text
         assert whole.headers["x-error-code"] == "TooLarge"
-        assert "100.0 KB" in whole.json()["error"] and "operator" in whole.json()["error"]
+        assert "97.7 KiB" in whole.json()["error"] and "operator" in whole.json()["error"]
         assert emulator.fetch_count("model", MODEL, "model.safetensors") == 0
         small = client.post("/api/mirror/warm", json={"repo": MODEL, "allow_patterns": ["*.json"]})
         assert small.status_code == 202, small.text
