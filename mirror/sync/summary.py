@@ -20,13 +20,21 @@ def print_summary(result: SyncResult, *, pins_note: str | None = None) -> None:
     for column in ("repo", "revision", "commit", "files", "fetched" if not result.dry_run else "to fetch",
                    "bytes", "status"):
         table.add_column(column, overflow="fold")
+    seen: set[str] = set()  # a dry run counts a blob that several revisions share once, on its first row
     for job in result.jobs:
         if job.error:
             status = f"FAILED: {job.error}"
         else:
             status = "ok" + (f" ({job.note})" if job.note else "")
-        count = len(job.missing) if result.dry_run else job.fetched
-        size = sum(f.size for f in job.missing) if result.dry_run else job.fetched_bytes
+        if result.dry_run:
+            own = [f for f in dict((f.etag, f) for f in job.missing).values() if f.etag not in seen]
+            seen.update(f.etag for f in own)
+            shared = len({f.etag for f in job.missing}) - len(own)
+            if shared:
+                status += f" (+{shared} shared with a row above)"
+            count, size = len(own), sum(f.size for f in own)
+        else:
+            count, size = job.fetched, job.fetched_bytes
         table.add_row(job.spec.label, job.revision, (job.commit or "-")[:12], str(len(job.files)), str(count),
                       format_size(size), status)
     console.print(table)

@@ -162,6 +162,9 @@ def test_sync_dry_run_then_sync_then_idempotent(emu: Any, hub: Hub, tmp_path: Pa
     for (_, _, _, path) in wanted:
         assert path in dry.stdout
     assert not blobs_in(cache)
+    # The rows add up to the total: a blob both revisions share is counted once, on its first row (issue 29).
+    rows = [line.split("|") for line in dry.stdout.splitlines() if line.startswith("| ") and "|" in line[2:]]
+    assert sum(int(row[5]) for row in rows if row[5].strip().isdigit()) == len(etags), dry.stdout
 
     first = cli(*sync_cmd(manifest, cache, emu.url))
     assert first.returncode == 0, first.stdout + first.stderr
