@@ -128,8 +128,8 @@ class Settings(BaseSettings):
     log_level: str = "info"
     access_log: Flag = True
     # Upstream timeouts (seconds) and retry policy.
-    connect_timeout: float = 10.0
-    read_timeout: float = 30.0
+    connect_timeout: float = Field(10.0, gt=0)
+    read_timeout: float = Field(30.0, gt=0)
     total_timeout: float = 0.0  # 0: no overall bound on a metadata request besides connect/read
     upstream_retries: int = 4
     retry_backoff_max: float = 8.0

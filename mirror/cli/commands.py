@@ -42,5 +42,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"hf-mirror: configuration error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # one line, whatever the command was doing (sync prints its own and returns 130)
+        print(f"hf-mirror {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -100,6 +100,8 @@ def test_unknown_toml_key_is_named(settings_env: pytest.MonkeyPatch, tmp_path: P
     ({"HF_MIRROR_UPSTREAM": "ftp://user:secret@hub.example"}, "upstream"),
     ({"HF_MIRROR_SYNC_HOURS": "8h"}, "sync_hours"),
     ({"HF_MIRROR_SYNC_HOURS": "25-3"}, "sync_hours"),
+    ({"HF_MIRROR_READ_TIMEOUT": "0"}, "read_timeout"),
+    ({"HF_MIRROR_UPSTREAM_RATE": "-5M"}, "upstream_rate"),
     ({"HF_MIRROR_SYNC_HOURS": "08-08"}, "sync_hours"),
     ({"HF_MIRROR_STORAGE": "s3"}, "s3_bucket"),
     ({"HF_MIRROR_SSL_CERTFILE": "cert.pem"}, "ssl_keyfile"),
