@@ -1,6 +1,6 @@
 """The one wiring: the mirror's parts, built from :class:`Settings` in one place.
 
-``serve`` (:mod:`mirror.app`), ``sync`` (:mod:`mirror.sync`) and ``cache`` (:mod:`mirror.cachecli`) all build
+``serve`` (:mod:`mirror.app`), ``sync`` (:mod:`mirror.sync`) and ``cache`` (:mod:`mirror.cli.cache`) all build
 their store, index, upstream client, fill engine, access policy, cache manager and service here, so every
 command honours every setting: ``storage = "s3"`` makes ``cache du`` count the bucket, not the node's hot tier.
 """

@@ -120,7 +120,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 def test_the_reader_sees_the_package() -> None:
     imports = all_imports()
     names = set(modules())
-    assert {"mirror.app", "mirror.cli", "mirror.parts", "mirror.sync", "mirror.cachecli"} <= names
+    assert {"mirror.app", "mirror.cli", "mirror.parts", "mirror.sync", "mirror.cli.cache"} <= names
     assert any(i.importer == "mirror.app" and i.imported == "mirror.parts" for i in imports)
     assert all(i.imported in names for i in imports), sorted({i.imported for i in imports} - names)
 
@@ -229,7 +229,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "mirror.xet")),
     ("edges", ("mirror.routes", "mirror.sync", "mirror.cache", "mirror.status")),
     ("the one wiring", ("mirror.parts", "mirror.app", "mirror.server")),
-    ("the CLI", ("mirror.cli", "mirror.cachecli", "mirror.__main__")),
+    ("the CLI", ("mirror.cli", "mirror.__main__")),
 )
 # Beside the house, over HTTP only: they start a server as a process or talk to one, never import its internals.
 SIDE = ("mirror.harness", "mirror.demo", "mirror.sample_hub")
