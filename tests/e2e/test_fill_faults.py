@@ -67,15 +67,14 @@ def test_concurrent_cold_requests_make_one_upstream_fetch_and_stream_at_once(emu
 def test_cold_head_and_far_range_do_not_wait_for_the_fill(emu, cache):
     emu.set_faults(throttle_bps=4e6)  # the whole file would take ~6 s
     with MirrorProcess(emu.url, cache) as mirror:
-        began = time.monotonic()
+        # "Did not wait" without a stopwatch: each answer came while the throttled fill was still running.
         head = httpx.head(mirror.url + BIG_URL, timeout=10)
         assert head.status_code == 200 and int(head.headers["content-length"]) == SIZE
-        assert time.monotonic() - began < 2
-        began = time.monotonic()
+        assert not blob(cache, big_sha(emu)).exists()
         tail = httpx.get(mirror.url + BIG_URL, headers={"range": f"bytes={SIZE - 1000}-"}, timeout=10)
         assert tail.status_code == 206
         assert tail.content == emu.files.file_bytes("dataset", BIG, "main", "big.bin")[-1000:]
-        assert time.monotonic() - began < 3
+        assert not blob(cache, big_sha(emu)).exists()
         emu.clear_faults()
         # The Range started a background fill of the whole blob.
         wait_for(lambda: blob(cache, big_sha(emu)).exists(), timeout=30)
