@@ -16,6 +16,7 @@ import hashlib
 import json
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -23,6 +24,7 @@ from typing import NamedTuple
 import httpx
 import pytest
 
+from tests.e2e.test_status_page import Browser
 from tests.support.hub_emulator.runner import EmulatorHandle
 from tests.support.js_clients import hub_client
 from tests.support.mirror_proc import MirrorProcess, run_client
@@ -79,7 +81,8 @@ def mounted(request: pytest.FixtureRequest, emulator: EmulatorHandle,
 
 
 def assert_all_under_prefix(mounted: Mounted) -> None:
-    outside = [t for t in mounted.requests() if not t.startswith(PREFIX + "/")]
+    # /favicon.ico: a browser asks its origin's root for it by itself, whatever the page says.
+    outside = [t for t in mounted.requests() if not t.startswith(PREFIX + "/") and t != "/favicon.ico"]
     assert not outside, f"requests outside {PREFIX}/ (a URL written without the prefix): {outside}"
 
 
@@ -230,6 +233,26 @@ def test_status_page_links_forms_and_scripts_carry_the_prefix(mounted: Mounted) 
     assert warm.status_code in (200, 202), warm.text
     job = httpx.get(f"{mounted.endpoint}/api/mirror/warm/{warm.json()['id']}", timeout=30)
     assert job.status_code == 200
+
+
+def test_status_page_in_a_browser_under_the_prefix(mounted: Mounted, tmp_path: Path) -> None:
+    """The page's search form and its warm button, as a person uses them, stay under /hf/."""
+    browser = Browser(tmp_path / "chrome-profile")
+    try:
+        browser.goto(f"{mounted.endpoint}/")
+        browser.eval("document.querySelector('#search input[name=q]').value = 'tiny'")
+        browser.eval("document.getElementById('search').submit()")
+        deadline = time.monotonic() + 30
+        while browser.eval("location.search") != "?q=tiny":
+            assert time.monotonic() < deadline, browser.eval("location.href")
+            time.sleep(0.2)
+        assert browser.eval("location.pathname") == f"{PREFIX}/"
+        browser.eval(f"document.getElementById('warm-repo').value = '{MODEL}'")
+        done = browser.eval("mirrorAction(document.getElementById('warm-button'))")
+        assert done["ok"] and done["status"] == 202, done
+    finally:
+        browser.close()
+    assert_all_under_prefix(mounted)
 
 
 def test_an_untrusted_forwarded_prefix_is_ignored(emulator: EmulatorHandle, tmp_path: Path) -> None:
