@@ -169,7 +169,7 @@ class Settings(BaseSettings):
     # fronts (addresses, CIDRs, ``*``) whose ``X-Forwarded-Prefix`` (and ``X-Forwarded-Proto``/``-For``) the mirror
     # believes. Empty: no ``X-Forwarded-Prefix`` is believed (a client must not write its own prefix into the URLs
     # the mirror hands others), and uvicorn's default for the other two stays.
-    root_path: Annotated[str, AfterValidator(lambda path: _mount_path(path))] = ""
+    root_path: Annotated[str, AfterValidator(_mount_path)] = ""
     trusted_proxies: Items = ()
     # Disk.
     max_size: Size = None

@@ -19,6 +19,7 @@ untouched.
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware, _TrustedHosts
 
@@ -28,6 +29,7 @@ from mirror.config import Settings
 # A believable prefix: a plain path (no dot segments, no quoting, no query), as Settings.root_path is.
 _PREFIX = re.compile(r"(?:/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)+")
 _MAX_PREFIX = 200
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def wanted(settings: Settings) -> bool:
@@ -41,16 +43,17 @@ class Front:
     With ``trusted_proxies``, uvicorn's own proxy-headers layer runs inside this one with the same list (the server
     turns uvicorn's off), so one setting names the fronts for every ``X-Forwarded-*`` header."""
 
-    def __init__(self, app: object, root_path: str, trusted_proxies: tuple[str, ...]) -> None:
+    def __init__(self, app: App, root_path: str, trusted_proxies: tuple[str, ...]) -> None:
         self.root_path = root_path
         self._root = root_path.encode()
         self.trusted = _TrustedHosts(list(trusted_proxies)) if trusted_proxies else None
-        self.app = ProxyHeadersMiddleware(app, list(trusted_proxies)) if trusted_proxies else app  # type: ignore[arg-type]
+        self.app: App = (ProxyHeadersMiddleware(app, list(trusted_proxies)) if trusted_proxies  # type: ignore[arg-type]
+                         else app)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             self.place(scope)
-        await self.app(scope, receive, send)  # type: ignore[operator]
+        await self.app(scope, receive, send)
 
     def place(self, scope: Scope) -> None:
         """Set ``root_path``, ``path`` and ``raw_path`` as the module says."""

@@ -13,6 +13,10 @@ from mirror.front import Front, wanted
 from mirror.server import mounted_app
 
 
+async def _app(scope: Any, receive: Any, send: Any) -> None:
+    return None
+
+
 def scope(path: str, *, client: str = "127.0.0.1", prefix: str | None = None) -> dict[str, Any]:
     headers = [(b"host", b"proxy")] + ([(b"x-forwarded-prefix", prefix.encode())] if prefix is not None else [])
     return {"type": "http", "path": path, "raw_path": path.encode(), "root_path": "", "client": (client, 5000),
@@ -26,7 +30,7 @@ def placed(front: Front, *args: Any, **kwargs: Any) -> tuple[str, str, bytes]:
 
 
 def test_root_path_is_stripped_when_carried_and_written_always() -> None:
-    front = Front(object(), "/hf", ())
+    front = Front(_app, "/hf", ())
     assert placed(front, "/hf/api/models/a/b") == ("/hf", "/hf/api/models/a/b", b"/api/models/a/b")
     assert placed(front, "/hf") == ("/hf", "/hf/", b"/")
     # A front that strips it itself (or a probe on the port): served as is, URLs still under the mount path.
@@ -37,7 +41,7 @@ def test_root_path_is_stripped_when_carried_and_written_always() -> None:
 
 
 def test_the_raw_path_keeps_its_encoding() -> None:
-    front = Front(object(), "/hf", ())
+    front = Front(_app, "/hf", ())
     s = scope("/hf/a/b/resolve/refs/pr/1/x")
     s["raw_path"] = b"/hf/a/b/resolve/refs%2Fpr%2F1/x"
     front.place(s)
@@ -45,7 +49,7 @@ def test_the_raw_path_keeps_its_encoding() -> None:
 
 
 def test_forwarded_prefix_only_from_a_trusted_front() -> None:
-    front = Front(object(), "", ("127.0.0.1", "10.0.0.0/8"))
+    front = Front(_app, "", ("127.0.0.1", "10.0.0.0/8"))
     assert placed(front, "/api/x", prefix="/hf")[0] == "/hf"
     assert placed(front, "/api/x", client="10.2.3.4", prefix="/hf/")[0] == "/hf"
     assert placed(front, "/api/x", client="192.168.1.1", prefix="/evil")[0] == ""
@@ -54,12 +58,12 @@ def test_forwarded_prefix_only_from_a_trusted_front() -> None:
     for bad in ("/a//b", "/a/../b", "/a?b", "/a b", "/%2e%2e", "https://evil.example", "/" + "a" * 300):
         assert placed(front, "/api/x", prefix=bad)[0] == "", bad
     assert placed(front, "/api/x", prefix="//evil.example")[0] == "/evil.example"  # a path, never a network path
-    assert Front(object(), "", ())._forwarded_prefix(scope("/api/x", prefix="/hf")) is None  # none trusted
+    assert Front(_app, "", ())._forwarded_prefix(scope("/api/x", prefix="/hf")) is None  # none trusted
 
 
 def test_forwarded_prefix_and_root_path_compose() -> None:
     """X-Forwarded-Prefix is what the front cut; what is left may still carry the mount path."""
-    front = Front(object(), "/hf", ("127.0.0.1",))
+    front = Front(_app, "/hf", ("127.0.0.1",))
     assert placed(front, "/hf/api/x", prefix="/outer") == ("/outer/hf", "/outer/hf/api/x", b"/api/x")
     assert placed(front, "/api/x", prefix="/outer") == ("/outer", "/outer/api/x", b"/api/x")
     assert placed(front, "/api/x") == ("/hf", "/hf/api/x", b"/api/x")
