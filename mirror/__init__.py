@@ -7,7 +7,8 @@ The house, in layers; a module imports only from its own layer or the ones above
     adapters                      index (the one key schema), storage/ (local, s3/), upstream/ (the Hub client)
     policy                        access, auth, fill/, service/, viewer, parquet_info, xet/  (no web framework, no HTTP)
     edges                         routes/, sync/, cache/, status/   (turn policy into bytes, runs, reports)
-    the one wiring                parts (build_parts: every part from Settings), app (ASGI), server (uvicorn)
+    the one wiring                parts (build_parts: every part from Settings), app (ASGI), front (a path prefix),
+                                  server (uvicorn)
     the CLI                       cli/             (builds Settings, then the parts, and passes them down)
 
 Beside the house, over HTTP only: harness/, demo, sample_hub. docs/architecture.md follows one cache miss through it.

@@ -89,6 +89,19 @@ def _http_url(url: str | None) -> str | None:
     return url
 
 
+# A path prefix: what a URL path may carry unescaped, segment by segment (no dot segments, no query, no quoting).
+_MOUNT_PATH = re.compile(r"(?:/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*")
+
+
+def _mount_path(path: str) -> str:
+    """``hf/``, ``/hf``, ``/hf/`` -> ``/hf``; ``/`` and empty -> ``""`` (no prefix)."""
+    path = "/" + path.strip().strip("/") if path.strip().strip("/") else ""
+    if not _MOUNT_PATH.fullmatch(path):
+        raise ValueError(f"must be a plain URL path such as /hf (letters, digits, - _ . ~ between slashes), got "
+                         f"{path!r}")
+    return path
+
+
 # Value types shared by the fields: a size (``500G``; 0 or empty: unlimited, None), a byte count or rate (``32M``;
 # 0: off), a flag (empty: off), a path (``~`` expanded; empty: None), a comma-separated list, an http(s) URL.
 Size = Annotated[int | None, BeforeValidator(parse_size)]
@@ -151,6 +164,13 @@ class Settings(BaseSettings):
     # Serving.
     serve_chunk_size: int = 4 * 1024 * 1024
     accel_redirect: str | None = None
+    # Behind a reverse proxy under a path (mirror.front): ``root_path`` is where the mirror is mounted (``/hf``:
+    # stripped from requests that carry it, written into every URL the mirror writes); ``trusted_proxies`` are the
+    # fronts (addresses, CIDRs, ``*``) whose ``X-Forwarded-Prefix`` (and ``X-Forwarded-Proto``/``-For``) the mirror
+    # believes. Empty: no ``X-Forwarded-Prefix`` is believed (a client must not write its own prefix into the URLs
+    # the mirror hands others), and uvicorn's default for the other two stays.
+    root_path: Annotated[str, AfterValidator(_mount_path)] = ""
+    trusted_proxies: Items = ()
     # Disk.
     max_size: Size = None
     # Free disk a new fill must leave under cache_dir. Short of it, least recently used blobs are evicted (local

@@ -29,6 +29,7 @@ from uvicorn.server import ServerState
 from mirror.app import MirrorApp, create_app
 from mirror.config import Settings
 from mirror.errors import BadRequest, HeadersTooLarge, MirrorError
+from mirror.front import Front, wanted
 from mirror.logs import setup_logging
 from mirror.metrics import MULTIPROC_ENV
 from mirror.routes.common import error_parts
@@ -224,13 +225,20 @@ def protocol_factory(settings: Settings) -> Callable[..., HttpProtocol]:
     )
 
 
-def worker_app() -> MirrorApp:
+def mounted_app(settings: Settings) -> MirrorApp | Front:
+    """The app uvicorn runs: the mirror, inside :class:`mirror.front.Front` only when a path prefix or a trusted
+    front is configured (otherwise nothing is added in front of the hot path)."""
+    app = create_app(settings)
+    return Front(app, settings.root_path, settings.trusted_proxies) if wanted(settings) else app
+
+
+def worker_app() -> MirrorApp | Front:
     """uvicorn factory for worker processes."""
     settings = Settings.model_validate_json(os.environ[_SETTINGS_ENV])  # as built: no source read again
     setup_logging(settings.log_level, settings.log_format, (settings.upstream_token or "",))
     # A worker that ends (a restart by uvicorn) takes its live gauges (fills in flight) out of the sum with it.
     atexit.register(multiprocess.mark_process_dead, os.getpid())
-    return create_app(settings)
+    return mounted_app(settings)
 
 
 def raise_open_file_limit() -> int:
@@ -277,7 +285,9 @@ def serve(settings: Settings) -> None:
         log.warning("open-file limit is %d: at about half that many concurrent clients the mirror refuses more "
                     "(raise it with ulimit -n or LimitNOFILE=)", limit)
     common = dict(
-        host=settings.host, port=settings.port, log_config=None, access_log=False, proxy_headers=True,
+        host=settings.host, port=settings.port, log_config=None, access_log=False,
+        # With --trusted-proxies the Front runs uvicorn's proxy-headers layer itself, on that list (mirror.front).
+        proxy_headers=not settings.trusted_proxies,
         timeout_graceful_shutdown=int(settings.shutdown_grace) + 5, h11_max_incomplete_event_size=64 * 1024,
         ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
         ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
@@ -290,4 +300,4 @@ def serve(settings: Settings) -> None:
             os.environ[_SETTINGS_ENV] = settings.model_dump_json()
             uvicorn.run("mirror.server:worker_app", factory=True, workers=settings.workers, **common)
         else:
-            uvicorn.run(create_app(settings), **common)
+            uvicorn.run(mounted_app(settings), **common)

@@ -25,7 +25,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
     "fills and bandwidth": ("parallel_fill_threshold", "fill_connections", "fill_window", "upstream_rate",
                             "sync_rate", "sync_hours", "fill_on_disconnect"),
     "listener": ("host", "port", "workers", "ssl_certfile", "ssl_keyfile", "header_timeout", "max_header_bytes",
-                 "accel_redirect"),
+                 "accel_redirect", "root_path", "trusted_proxies"),
     "callers and access": ("access_ttl", "access_grace", "open_unknown_repos", "auth_tokens_file", "jwt_secret",
                            "jwt_public_key_file", "allow_repos", "deny_repos", "admin_token"),
     "warm jobs": ("warm_jobs", "warm_queue", "warm_rate", "warm_max_bytes"),
@@ -113,6 +113,10 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
     add("--sync-rate", help="upstream bandwidth cap of the sync command, e.g. 20M (default 0: --upstream-rate)")
     add("--sync-hours", help="local hours when --sync-rate applies, e.g. 08-18 (default: always)")
     add("--accel-redirect", help="nginx internal location prefix for cache hits, e.g. /_hf_mirror_blobs/")
+    add("--root-path", help="the path the mirror is served under behind a reverse proxy, e.g. /hf: stripped from "
+        "requests that carry it, and carried by every URL the mirror writes (default: none)")
+    add("--trusted-proxies", help="comma-separated addresses or CIDRs of the fronts whose X-Forwarded-Prefix, "
+        "-Proto and -For the mirror believes, e.g. 127.0.0.1,10.0.0.0/8 (default: X-Forwarded-Prefix never believed)")
     add("--log-format", choices=("text", "json"), help="log line format (default text)")
     add("--log-level", help="debug, info, warning, error (default info)")
     add("--connect-timeout", type=float, help="upstream connect timeout in seconds (default 10)")

@@ -65,7 +65,8 @@ def ops_router(metrics: Metrics, status: Status, refresh: Callable[[], Awaitable
     @router.get("/", response_class=HTMLResponse)
     async def status_page(request: Request) -> HTMLResponse:
         """Server-rendered status page (same parameters as the JSON)."""
-        return HTMLResponse(render_status_page(await status(**params(request))))
+        return HTMLResponse(render_status_page(await status(**params(request)),
+                                               base=request.scope.get("root_path", "")))
 
     return router
 

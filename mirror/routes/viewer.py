@@ -60,7 +60,9 @@ class ViewerHandler:
         body = rewrite_urls(result.body, self._replacements(scope))
         headers = [(b"content-length", str(len(body)).encode()),
                    (hf.H_MIRROR_CACHE.lower().encode(), result.outcome.encode())]
-        headers += [(k.encode(), v.encode("latin-1", "replace")) for k, v in result.headers]
+        root = scope.get("root_path", "")  # a local Location goes under the mirror's path prefix (mirror.front)
+        headers += [(k.encode(), _local(root, k, v).encode("latin-1", "replace"))
+                    for k, v in result.headers]
         if result.outcome == Outcome.STALE:
             headers.append((b"warning", b'110 - "Response is stale"'))
         await send({"type": "http.response.start", "status": result.status, "headers": headers})
@@ -80,3 +82,8 @@ class ViewerHandler:
 
 async def _not_found() -> ViewerResult:
     raise ViewerNotFound("parquet conversions exist for datasets only")
+
+
+def _local(root: str, name: str, value: str) -> str:
+    """A header value as this client must see it: a local ``Location`` under the mirror's path prefix."""
+    return root + value if name == "location" and value.startswith("/") else value

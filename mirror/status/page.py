@@ -66,6 +66,7 @@ def _qs(**params: Any) -> str:
 
 _SCRIPT = """
 const out = () => document.getElementById('action-result');
+const base = document.body.dataset.base || '';  // the mirror's path prefix behind a proxy (mirror.front)
 function token() {
   const field = document.getElementById('token');
   if (field && field.value) { sessionStorage.setItem('hfMirrorToken', field.value); return field.value; }
@@ -81,7 +82,7 @@ async function mirrorAction(button) {
   const tok = token();
   if (tok) headers['Authorization'] = 'Bearer ' + tok;
   const warm = action === 'warm';
-  const url = warm ? '/api/mirror/warm' : `/api/mirror/repos/${type}/${repo}/${action}`;
+  const url = base + (warm ? '/api/mirror/warm' : `/api/mirror/repos/${type}/${repo}/${action}`);
   const body = JSON.stringify(warm ? {repo, type} : {});
   let response, data = {};
   try {
@@ -108,7 +109,7 @@ async function pollWarm(id, name) {
   const tok = token();
   if (tok) headers['Authorization'] = 'Bearer ' + tok;
   for (;;) {
-    const r = await fetch(`/api/mirror/warm/${id}`, {headers});
+    const r = await fetch(`${base}/api/mirror/warm/${id}`, {headers});
     const job = await r.json().catch(() => ({}));
     out().textContent = `warm ${name}: ${job.state} ${job.files_done}/${job.files_total} files, ` +
         `${job.bytes_done}/${job.bytes_total} bytes`;
@@ -129,7 +130,8 @@ button{font-size:12px;margin:0 2px} .pinned{color:#a60;font-weight:bold} #action
 nav{margin:.5em 0}"""
 
 
-def render_status_page(data: dict[str, Any]) -> str:
+def render_status_page(data: dict[str, Any], base: str = "") -> str:
+    """The page; ``base``: the path prefix the mirror is served under (its forms and scripts' URLs start with it)."""
     esc = html.escape
     fills = "".join(
         f"<tr><td>{esc(f['repo'])}</td><td>{esc(f['path'])}</td><td>{_size(f['written'])} / {_size(f['size'])}</td>"
@@ -186,7 +188,7 @@ def render_status_page(data: dict[str, Any]) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>hf-mirror status</title>
 <style>{_STYLE}</style>
-</head><body>
+</head><body{f' data-base="{esc(base)}"' if base else ''}>
 <h1>hf-mirror</h1>
 <ul>
 <li>Upstream: <b>{esc(upstream.get('url', ''))}</b> — <span id="upstream-health">{health}</span>
@@ -204,7 +206,7 @@ def render_status_page(data: dict[str, Any]) -> str:
 <button type="button" id="warm-button" data-action="warm" data-form="1">warm</button></form>
 <table id="fills"><tr><th>repo</th><th>file</th><th>progress</th><th></th></tr>{fills}</table>
 <h2>Cached repos</h2>
-<form id="search" method="get" action="/"><input name="q" value="{esc(q)}" placeholder="search repos">
+<form id="search" method="get" action="{esc(base)}/"><input name="q" value="{esc(q)}" placeholder="search repos">
 <button type="submit">search</button></form>
 {token_field}<div id="action-result" role="status"></div>
 <nav>{' '.join(nav)}</nav>

@@ -65,6 +65,8 @@ def render_nginx_conf(
     certfile: Path | str | None = None,
     keyfile: Path | str | None = None,
     source: Path = NGINX_CONF,
+    path_prefix: str | None = None,
+    strip_prefix: bool = False,
 ) -> Path:
     """Render deploy/nginx.conf into ``tmpdir`` (its nginx prefix) so it runs unprivileged; return the conf path.
 
@@ -73,6 +75,11 @@ def render_nginx_conf(
     deploy/nginx-tls.conf snippet is rendered too and included, listening on ``listen_host:tls_port``.
     pid, logs and temp dirs live under ``tmpdir``; run it with ``nginx -p tmpdir -c <returned path>``
     (``NginxFront`` does). Logs: ``tmpdir/logs/{error,access}.log``.
+
+    ``path_prefix`` (e.g. ``/hf``): the mirror is mounted there instead of at ``/``, as docs/operations.md shows
+    ("Under a path prefix"): the full path passed on (run the mirror with ``--root-path``), or with
+    ``strip_prefix`` the prefix stripped from the raw request URI and said in ``X-Forwarded-Prefix`` (run the
+    mirror with ``--trusted-proxies`` naming the front).
     """
     tmp = Path(tmpdir).resolve()
     logs = tmp / "logs"
@@ -94,6 +101,8 @@ def render_nginx_conf(
         f"    {name}_temp_path {temp / name};\n" for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     )
     text = _sub_once(r"^http \{\n", "http {\n" + temp_paths, text)
+    if path_prefix is not None:
+        text = mount_under(text, path_prefix, strip=strip_prefix)
     if os.geteuid() == 0:
         # As root nginx would drop its workers to `nobody`, who cannot read pytest's 0700 tmp dirs.
         text = "user root root;\n" + text
@@ -111,6 +120,25 @@ def render_nginx_conf(
     out = tmp / "nginx.conf"
     out.write_text(text)
     return out
+
+
+def mount_under(text: str, prefix: str, *, strip: bool) -> str:
+    """deploy/nginx.conf with the mirror's ``location /`` moved to ``location {prefix}/`` (docs/operations.md).
+
+    Passed on as is, the raw request URI keeps its encoding (``refs%2Fpr%2F1``); stripped, it is cut from
+    ``$request_uri`` (never from nginx's decoded ``$uri``, as ``proxy_pass http://hf_mirror/;`` would) and the
+    front says what it cut. Either way a client's own ``X-Forwarded-Prefix`` is replaced, never passed on."""
+    prefix = "/" + prefix.strip("/")
+    text = _sub_once(r"^(\s*)location / \{\n", f"        location {prefix}/ {{\n", text)
+    if strip:
+        text = _sub_once(r"^(\s*)upstream hf_mirror \{", "    map $request_uri $hf_mirror_uri {\n"
+                         f"        ~^{re.escape(prefix)}(/.*)$ $1;\n        default /;\n    }}\n\n"
+                         "    upstream hf_mirror {", text)
+        text = _sub_once(r"^(\s*)proxy_pass http://hf_mirror;", "            proxy_pass http://hf_mirror$hf_mirror_uri;",
+                         text)
+        text = _sub_once(r'^(\s*)proxy_set_header X-Forwarded-Prefix "";',
+                         f"            proxy_set_header X-Forwarded-Prefix {prefix};", text)
+    return text
 
 
 def nginx_test(conf: Path, nginx: str | None = None) -> subprocess.CompletedProcess[str]:

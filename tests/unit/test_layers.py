@@ -228,7 +228,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("policy", ("mirror.access", "mirror.auth", "mirror.fill", "mirror.service", "mirror.viewer", "mirror.parquet_info",
                 "mirror.xet")),
     ("edges", ("mirror.routes", "mirror.sync", "mirror.cache", "mirror.status")),
-    ("the one wiring", ("mirror.parts", "mirror.app", "mirror.server")),
+    ("the one wiring", ("mirror.parts", "mirror.app", "mirror.front", "mirror.server")),
     ("the CLI", ("mirror.cli", "mirror.__main__")),
 )
 # Beside the house, over HTTP only: they start a server as a process or talk to one, never import its internals.
