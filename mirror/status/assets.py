@@ -139,13 +139,13 @@ STYLE = """
 header{display:flex;flex-wrap:wrap;gap:.4em 1.5em;align-items:baseline;padding:.8em 1.5em;background:#f4f6f8;
   border-bottom:1px solid #dde} header h1{margin:0;font-size:1.4em} header a{color:inherit;text-decoration:none}
 main{padding:0 1.5em 2em} h2{font-size:1.15em;margin:1.4em 0 .5em} .muted{color:#666;font-size:13px}
-.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(230px,1fr));gap:.8em;margin-top:1em}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(300px,1fr));gap:.8em;margin-top:1em}
 .card{border:1px solid #dde;border-radius:6px;padding:.6em .8em} .card h3{margin:0 0 .3em;font-size:13px;color:#555;
   font-weight:600;text-transform:uppercase;letter-spacing:.03em} .big{font-size:1.35em;font-weight:600}
 .bar{height:12px;background:#e8ebef;border-radius:6px;overflow:hidden;margin:.35em 0;position:relative}
 .bar>span{display:block;height:100%;background:#3a7bd5} .bar.warn>span{background:#e69a1e}
 .bar.full>span{background:#d33} .bar>i{position:absolute;top:0;bottom:0;width:2px;background:#222}
-.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(380px,1fr));gap:.6em 1.2em}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(340px,1fr));gap:.6em 1.2em}
 figure.chart{margin:0} figure.chart svg{width:100%;height:auto;display:block}
 figcaption{font-size:13px;margin-bottom:2px} .key{margin-left:.8em;color:#444;white-space:nowrap}
 .key i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:-1px}

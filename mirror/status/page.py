@@ -118,8 +118,8 @@ def _summary(data: dict[str, Any]) -> str:
 <span id="error-count">{errors}</span> errors since the start</div></div>
 <div class="card"><h3>Contents</h3>
 <div class="big"><span id="blob-count">{data.get('cache_blobs', 0)}</span> blobs</div>
-<div class="muted">{counted}; index {_size(data.get('index_bytes', 0))}, {data.get('negative_entries', 0)} remembered
-404s ({_size(data.get('negative_bytes', 0))})</div></div>
+<div class="muted">{counted}; index {_size(data.get('index_bytes', 0))}, 404s remembered:
+{data.get('negative_entries', 0)} ({_size(data.get('negative_bytes', 0))})</div></div>
 </div>"""
 
 
