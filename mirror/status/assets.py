@@ -146,7 +146,8 @@ main{padding:0 1.5em 2em} h2{font-size:1.15em;margin:1.4em 0 .5em} .muted{color:
 .bar>span{display:block;height:100%;background:#3a7bd5} .bar.warn>span{background:#e69a1e}
 .bar.full>span{background:#d33} .bar>i{position:absolute;top:0;bottom:0;width:2px;background:#222}
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(340px,1fr));gap:.6em 1.2em}
-figure.chart{margin:0} figure.chart svg{width:100%;height:auto;display:block}
+figure.chart{margin:0;display:flex;flex-direction:column;justify-content:flex-end}
+figure.chart svg{width:100%;height:auto;display:block}
 figcaption{font-size:13px;margin-bottom:2px} .key{margin-left:.8em;color:#444;white-space:nowrap}
 .key i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:-1px}
 .scroll{overflow-x:auto} table{border-collapse:collapse;width:100%}

@@ -34,6 +34,7 @@ MAX_FILES = 500  # files listed on a repo page (a repo of 100,000 files says how
 _STATS = 2000  # blobs a repo page looks at on disk (a stat each), in the files' path order
 _RECENT_FILES = 10  # the repo page's "recent traffic": the files used last
 _DISK_EVERY = 5.0  # seconds the free-disk figure and the sync records are reused (a statvfs and a few small files)
+_CONFIRMED_KEPT = 64  # tokens whose lists of confirmed repos are kept
 SYNC_LATE = 26 * 3600  # a sync with no success for this long is late (the alert rule HfMirrorSyncLate says the same)
 Visible = Callable[[str, str], bool]  # (type, repo id) -> may this page list it (mirror-auth off: public repos only)
 # The repo list's orders: the key of each (the name breaks ties), and the direction a click on its header starts with.
@@ -83,6 +84,8 @@ class StatusBoard:
         self._listed: tuple[UsageSnapshot | None, list[RepoUsage]] = (None, [])
         self._pins: tuple[float, dict[tuple[str, str], str]] = (0.0, {})
         self._disk: tuple[float, dict[str, Any]] = (0.0, {})
+        # Per token digest: the repos listed to it besides the public ones (see _with_confirmed).
+        self._confirmed_lists: dict[str, tuple[UsageSnapshot, float, list[RepoUsage]]] = {}
 
     async def _listable(self, snap: UsageSnapshot) -> list[RepoUsage]:
         if self._listed[0] is snap:
@@ -119,15 +122,27 @@ class StatusBoard:
         else:
             listed = await self._listable(snap)
             confirmed = self._confirmed(token) if self.visible is not None else None
-            if confirmed is not None and len(listed) < len(snap.repos):
-                shown = {(u.type, u.repo_id) for u in listed}
-                check = confirmed
-                listed = await asyncio.to_thread(lambda: [u for u in snap.repos if (u.type, u.repo_id) in shown
-                                                          or check(u.type, u.repo_id)])
+            if confirmed is not None and token and len(listed) < len(snap.repos):
+                listed = await self._with_confirmed(snap, listed, token_digest(token), confirmed)
         if visible is not None:
             allowed = visible
             listed = await asyncio.to_thread(lambda: [u for u in listed if allowed(u.type, u.repo_id)])
         return listed, len(listed) < len(snap.repos)
+
+    async def _with_confirmed(self, snap: UsageSnapshot, listed: list[RepoUsage], subject: str,
+                              confirmed: Visible) -> list[RepoUsage]:
+        """``listed`` and the snapshot's other repos confirmed for this token: an index lookup per unlisted repo,
+        in a thread, kept for this snapshot a few seconds (a page refreshing every 5 s asks once per snapshot)."""
+        kept = self._confirmed_lists.get(subject)
+        if kept is not None and kept[0] is snap and time.monotonic() - kept[1] < _DISK_EVERY:
+            return kept[2]
+        shown = {(u.type, u.repo_id) for u in listed}
+        mine = await asyncio.to_thread(lambda: [u for u in snap.repos if (u.type, u.repo_id) in shown
+                                                or confirmed(u.type, u.repo_id)])
+        self._confirmed_lists[subject] = (snap, time.monotonic(), mine)
+        while len(self._confirmed_lists) > _CONFIRMED_KEPT:  # random tokens must not grow the process
+            self._confirmed_lists.pop(next(iter(self._confirmed_lists)))
+        return mine
 
     async def _pin_sources(self) -> dict[tuple[str, str], str]:
         at, pins = self._pins

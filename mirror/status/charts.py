@@ -15,7 +15,7 @@ from mirror.config import format_size
 _W, _H = 480, 150  # the drawing's size in SVG units (the page scales it to its column)
 _LEFT, _RIGHT, _TOP, _BOTTOM = 58, 10, 10, 22  # room for the value labels (left) and the time labels (bottom)
 # Time-axis steps in seconds: the smallest one that keeps the labels apart is used.
-_STEPS = (5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200)
+_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200)
 _MAX_TICKS = 6
 
 Series = tuple[str, str, list[float | None]]  # (legend name, colour, one value per point; None: nothing measured)
