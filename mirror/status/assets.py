@@ -37,6 +37,9 @@ async function refresh() {
     const text = await response.text();
     if (mine !== asked) return false;
     const fresh = new DOMParser().parseFromString(text, 'text/html');
+    if (fresh.getElementById('not-found')) {  // the repo shown was evicted (or hidden): say so, as a load would
+      document.querySelector('main').innerHTML = fresh.querySelector('main').innerHTML;
+    }
     for (const live of document.querySelectorAll('[data-live]')) {
       const next = fresh.getElementById(live.id);
       if (next) live.innerHTML = next.innerHTML;  // rendered and escaped by the server; scripts in it never run
