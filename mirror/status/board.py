@@ -271,11 +271,13 @@ class StatusBoard:
                 token: str | None) -> Callable[[str], bool]:
         """``model:acme/x`` -> whether the caller may see that repo's fills and warm jobs: a repo it is listed, or
         one not counted yet that passes the list's rules (public or confirmed for its token, and its patterns)."""
-        keys = {f"{u.type}:{u.repo_id}" for u in listed}
+        keys: set[str] = set()  # built at the first fill or warm job only: most answers have none
         public = None if operator else self.visible
         confirmed = self._confirmed(token) if public is not None else None
 
         def may(key: str) -> bool:
+            if not keys:
+                keys.update(f"{u.type}:{u.repo_id}" for u in listed)
             if key in keys:
                 return True
             kind, _, repo_id = key.partition(":")

@@ -413,3 +413,11 @@ def test_the_page_refreshes_in_place_sorts_filters_and_shows_a_repo_page(emu, tm
         allowed = httpx.get(mirror.url + "/api/mirror/status", params={"repo": "model:acme/gated-model"},
                             headers=gated)
         assert allowed.status_code == 200 and allowed.json()["files_total"] == 1
+
+        # The repo evicted meanwhile (by the operator, elsewhere): its open page says so at its next refresh.
+        admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+        for action in ("unpin", "evict"):
+            assert httpx.post(f"{mirror.url}/api/mirror/repos/model/acme/tiny-model/{action}", json={},
+                              headers=admin).status_code == 200
+        browser.wait("!!document.getElementById('not-found')")
+        assert browser.eval("window.stayed") == "repo page"
