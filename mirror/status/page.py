@@ -54,11 +54,12 @@ def bar(used: float, total: float, *, mark: float | None = None, label: str) -> 
 def header(data: dict[str, Any], base: str) -> str:
     """The pages' top line: name, version, uptime, upstream health, when the page last refreshed."""
     upstream = data.get("upstream") or {}
-    health = {True: "<span class='good'>up</span>", False: "<span class='bad'>DOWN</span>",
-              None: "not contacted yet"}[upstream.get("healthy")]
+    health, tone = {True: ("up", "good"), False: ("DOWN", "bad"), None: ("not contacted yet", "")}[
+        upstream.get("healthy")]
     uptime = f"up {duration(data['uptime'])}" if "uptime" in data else ""
-    upstream_line = (f"<span>Upstream <b>{esc(upstream.get('url', ''))}</b>: <span id='upstream-health'>{health}"
-                     f"</span>{' (offline mode)' if data.get('offline') else ''}</span>") if upstream else ""
+    upstream_line = (f"<span>Upstream <b>{esc(upstream.get('url', ''))}</b>: <span class='{tone}' "
+                     f"id='upstream-health'>{health}</span>{' (offline mode)' if data.get('offline') else ''}</span>"
+                     ) if upstream else ""
     return (f"<header><h1><a href='{esc(href(base))}'>hf-mirror</a></h1>"
             f"<span id='version'>version {esc(str(data.get('version', '')))}</span>"
             f"<span id='uptime'>{esc(uptime)}</span>{upstream_line}"
@@ -90,12 +91,12 @@ def _summary(data: dict[str, Any]) -> str:
     used, quota = data.get("cache_bytes", 0), data.get("max_size")
     disk = data.get("disk") or {}
     if quota:
-        quota_card = (f"<div class='big'><span id='disk-usage'>{_size(used)} of {_size(quota)}</span></div>"
+        quota_card = (f"<div class='big'><span id=\"disk-usage\">{_size(used)} of {_size(quota)}</span></div>"
                       f"{bar(used, quota, label='cache quota used')}"
                       f"<div class='muted'>{used / quota:.0%} of the quota (--max-size); the least recently used "
                       f"unpinned blobs go first</div>")
     else:
-        quota_card = (f"<div class='big'><span id='disk-usage'>{_size(used)} (no quota)</span></div>"
+        quota_card = (f"<div class='big'><span id=\"disk-usage\">{_size(used)} (no quota)</span></div>"
                       f"{bar(used, disk.get('total', 0), label='cache share of the disk')}"
                       f"<div class='muted'>no --max-size: the cache grows until the disk's free-space floor</div>")
     if disk:
