@@ -1,5 +1,6 @@
 """Operations routes: ``/healthz``, ``/metrics``, the status page at ``/`` and its JSON at ``/api/mirror/status``
-(both take ``?page=&q=&per_page=``), and the operator's actions on one repo:
+(both take ``?page=&q=&per_page=&sort=&order=&type=&pinned=``, and ``?repo=model:org/name`` for one repo's page: 404
+when it is not cached or not the caller's to see), and the operator's actions on one repo:
 ``POST /api/mirror/repos/{type}/{org/name}/pin|unpin|evict`` (JSON answers; :class:`RepoActions`).
 
 What a caller sees on these routes is narrowed by the app (``hf_mirror.visible`` in the request's scope: a mirror
@@ -21,8 +22,9 @@ from mirror.access import Caller
 from mirror.asgi import Receive, Scope, Send
 from mirror.errors import BadRequest, MethodNotAllowed, MirrorError, RouteNotFound
 from mirror.metrics import Metrics
-from mirror.routes.common import refuse_cross_site, send_error, send_preflight
-from mirror.status import render_status_page
+from mirror.routes.common import bearer_token, refuse_cross_site, send_error, send_preflight
+from mirror.status import render_repo_page, render_status_page
+from mirror.status.page import REFRESH
 
 if TYPE_CHECKING:
     from mirror.cache import CacheManager
@@ -41,10 +43,20 @@ _MAX_BODY = 4096
 def ops_router(metrics: Metrics, status: Status, refresh: Callable[[], Awaitable[Any]] | None = None) -> APIRouter:
     router = APIRouter()
 
+
     def params(request: Request) -> dict[str, Any]:
         q = request.query_params
-        return {"page": q.get("page"), "q": q.get("q"), "per_page": q.get("per_page"),
+        return {"page": q.get("page"), "q": q.get("q"), "per_page": q.get("per_page"), "sort": q.get("sort"),
+                "order": q.get("order"), "type": q.get("type"), "pinned": q.get("pinned"), "repo": q.get("repo"),
+                # The caller's token: a Hub token's confirmed gated or private repos are listed to it.
+                "token": bearer_token(request.scope),
                 "visible": request.scope.get(VISIBLE_KEY), "operator": request.scope.get(OPERATOR_KEY, False)}
+
+    def refresh_every(request: Request) -> int:
+        try:
+            return min(max(int(request.query_params.get("refresh", REFRESH)), 0), 3600)
+        except ValueError:
+            return REFRESH
 
     @router.get("/healthz")
     async def healthz() -> JSONResponse:
@@ -59,14 +71,24 @@ def ops_router(metrics: Metrics, status: Status, refresh: Callable[[], Awaitable
 
     @router.get("/api/mirror/status")
     async def status_json(request: Request) -> JSONResponse:
-        """The status page's data as JSON: ``?q=`` searches repo names, ``?page=`` (1-based), ``?per_page=``."""
-        return JSONResponse(await status(**params(request)))
+        """The status page's data as JSON: ``?q=`` searches repo names, ``?type=``, ``?pinned=yes|no``,
+        ``?sort=name|type|size|files|last_use|pinned&order=asc|desc``, ``?page=`` (1-based), ``?per_page=``; or one
+        repo's with ``?repo=type:org/name``."""
+        data = await status(**params(request))
+        missing = "repo" in request.query_params and data.get("repo") is None
+        return JSONResponse(data, status_code=404 if missing else 200, headers={"cache-control": "no-store"})
 
     @router.get("/", response_class=HTMLResponse)
     async def status_page(request: Request) -> HTMLResponse:
-        """Server-rendered status page (same parameters as the JSON)."""
-        return HTMLResponse(render_status_page(await status(**params(request)),
-                                               base=request.scope.get("root_path", "")))
+        """Server-rendered status page, or one repo's (same parameters as the JSON; ``?refresh=`` seconds)."""
+        data = await status(**params(request))
+        base = request.scope.get("root_path", "")  # the path prefix (mirror.front): every link starts with it
+        every = refresh_every(request)
+        if "repo" in request.query_params:
+            return HTMLResponse(render_repo_page(data, base=base, refresh=every),
+                                status_code=404 if data.get("repo") is None else 200,
+                                headers={"cache-control": "no-store"})
+        return HTMLResponse(render_status_page(data, base=base, refresh=every), headers={"cache-control": "no-store"})
 
     return router
 

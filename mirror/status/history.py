@@ -1,7 +1,8 @@
-"""Traffic over the last hours: a ring buffer of samples of the process's counters (requests by outcome, bytes
-served and fetched), taken every ``HF_MIRROR_STATUS_SAMPLE`` seconds (60 by default) for ``HF_MIRROR_STATUS_HOURS``
-hours (24). Cumulative values are kept; the charts show the differences between neighbours. Per process: with
-``--workers N`` each worker shows its own traffic (``/metrics`` is the place for fleet-wide series)."""
+"""Traffic over the last hours: a ring buffer of samples of the process's counters (requests by outcome, bytes served
+and fetched, error answers, upstream failures and upstream latency), taken every ``HF_MIRROR_STATUS_SAMPLE`` seconds
+(60 by default) for ``HF_MIRROR_STATUS_HOURS`` hours (24). Cumulative values are kept; the charts show the
+differences between neighbours. Per process: with ``--workers N`` each worker shows its own traffic (``/metrics`` is
+the place for fleet-wide series)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ class Sample:
     misses: float  # misses and stale answers: served, but not from a fresh cache hit
     served: float  # body bytes sent to clients
     fetched: float  # body bytes fetched from upstream
+    errors: float = 0.0  # error answers sent to clients (outcome ``error``)
+    upstream_errors: float = 0.0  # upstream answers 5xx, and upstream requests that failed outright
+    latency_sum: float = 0.0  # seconds to upstream response headers, summed ...
+    latency_count: float = 0.0  # ... over this many upstream requests
 
 
 def _env_float(name: str, default: float) -> float:
@@ -42,7 +47,7 @@ class StatusHistory:
 
     def read(self) -> Sample:
         """The counters now (a few dozen samples of the registry: constant time)."""
-        hits = misses = 0.0
+        hits = misses = errors = 0.0
         for metric in self.metrics.requests.collect():
             for s in metric.samples:
                 if s.name.endswith("_total"):
@@ -50,11 +55,22 @@ class StatusHistory:
                         hits += s.value
                     elif s.labels.get("outcome") in ("miss", "stale"):
                         misses += s.value
+                    elif s.labels.get("outcome") == "error":
+                        errors += s.value
+        upstream_errors = sum(s.value for m in self.metrics.upstream_requests.collect() for s in m.samples
+                              if s.name.endswith("_total") and s.labels.get("status") in ("5xx", "error"))
+        latency_sum = latency_count = 0.0
+        for metric in self.metrics.upstream_latency.collect():
+            for s in metric.samples:
+                if s.name.endswith("_sum"):
+                    latency_sum += s.value
+                elif s.name.endswith("_count"):
+                    latency_count += s.value
         served = sum(s.value for m in self.metrics.bytes_served.collect() for s in m.samples
                      if s.name.endswith("_total"))
         fetched = sum(s.value for m in self.metrics.bytes_fetched.collect() for s in m.samples
                       if s.name.endswith("_total"))
-        return Sample(time.time(), hits, misses, served, fetched)
+        return Sample(time.time(), hits, misses, served, fetched, errors, upstream_errors, latency_sum, latency_count)
 
     def sample(self) -> None:
         self.samples.append(self.read())
@@ -84,8 +100,14 @@ class StatusHistory:
         out = []
         for before, after in zip(points, points[1:], strict=False):
             hits, misses = after.hits - before.hits, after.misses - before.misses
+            calls = after.latency_count - before.latency_count
             out.append({"t": round(after.at, 1), "hits": int(hits), "misses": int(misses),
                         "hit_ratio": round(hits / (hits + misses), 4) if hits + misses else None,
                         "bytes_served": int(after.served - before.served),
-                        "bytes_fetched": int(after.fetched - before.fetched)})
+                        "bytes_fetched": int(after.fetched - before.fetched),
+                        "errors": int(after.errors - before.errors),
+                        "upstream_errors": int(after.upstream_errors - before.upstream_errors),
+                        # The mean time to upstream response headers in the interval; None: no upstream request.
+                        "upstream_latency": round((after.latency_sum - before.latency_sum) / calls, 4)
+                        if calls else None})
         return out

@@ -1,13 +1,16 @@
-"""The status page for operators (issue 19, item 6) in a real headless Chromium, driven over the DevTools protocol:
-paginated and searchable repos (also as JSON), pinned and sync state, traffic charts, and the pin / unpin / evict /
-warm buttons clicked in the page, checked in the DOM after a reload and on disk. Also what the actions refuse:
-other sites' pages, forms, GETs, and callers without a mirror token in auth mode."""
+"""The status page for operators (issue 19, item 6; issue 29, item 4) in a real headless Chromium, driven over the
+DevTools protocol: paginated and searchable repos (also as JSON), pinned and sync state, traffic charts, and the pin /
+unpin / evict / warm buttons clicked in the page, checked in the DOM after a reload and on disk; the refresh in place
+(paused while the tab is hidden), sort and filter, a repo's page (revisions, files, pins), the syncs' last runs,
+gated repos listed to the tokens that may read them, and screenshots at 1400 and 800 px wide. Also what the actions
+refuse: other sites' pages, forms, GETs, and callers without a mirror token in auth mode."""
 
 from __future__ import annotations
 
 import base64
 import json
 import shutil
+import struct
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,7 +21,8 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from tests.support.hub_emulator.fixtures import GOOD_TOKEN
+from mirror.sync.record import record_run
+from tests.support.hub_emulator.fixtures import DENIED_TOKEN, GOOD_TOKEN
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.support.mirror_proc import MirrorProcess
 
@@ -87,6 +91,19 @@ class Browser:
     def screenshot(self, path: Path) -> None:
         path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
 
+    def width(self, pixels: int, height: int = 1400) -> None:
+        """Lay the page out at this window width (the next screenshot is ``pixels`` wide)."""
+        self.call("Emulation.setDeviceMetricsOverride", width=pixels, height=height, deviceScaleFactor=1,
+                  mobile=False)
+
+    def wait(self, expression: str, timeout: float = 30) -> Any:
+        """Poll ``expression`` in the page until it is truthy, and return its value."""
+        deadline = time.monotonic() + timeout
+        while not (value := self.eval(expression)):
+            assert time.monotonic() < deadline, f"never true in the page: {expression}"
+            time.sleep(0.2)
+        return value
+
     def close(self) -> None:
         self.ws.close()
         self.proc.terminate()
@@ -148,9 +165,10 @@ def test_status_page_lists_searches_pages_and_its_buttons_pin_unpin_evict_warm(e
         browser.goto(mirror.url + "/?per_page=1")
         browser.screenshot(tmp_path / "status.png")
         dom = browser.dom()
-        assert 'id="chart-hit-ratio"' in dom and 'id="chart-bytes"' in dom
-        assert browser.eval("document.querySelectorAll('#chart-bytes .series polyline, #chart-bytes .series circle')"
-                            ".length") >= 2
+        for chart in ("hit-ratio", "bytes-served", "bytes-fetched", "errors", "latency"):
+            assert f'id="chart-{chart}"' in dom
+        assert browser.eval("document.querySelectorAll('#chart-bytes-served .series polyline, "
+                            "#chart-bytes-served .series circle').length") >= 1
         assert browser.eval("document.getElementById('repo-count').textContent") == "1–1 of 2"
         assert browser.eval("!!document.getElementById('next-page')")
         browser.eval("document.getElementById('next-page').click()")
@@ -250,3 +268,156 @@ def test_in_auth_mode_the_page_and_the_actions_need_a_mirror_token_that_allows_t
         assert httpx.post(url, json={}, headers=auth).status_code == 200
         page = httpx.get(mirror.url + "/", headers=auth).text
         assert "id='token'" in page and "pinned (operator)" in page
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """A PNG's width and height, from its IHDR chunk (and a check that it is a PNG at all)."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", path
+    width, height = struct.unpack(">II", head[16:24])
+    return width, height
+
+
+def _shoot(browser: Browser, path: Path, width: int) -> None:
+    """A screenshot at ``width`` px, checked to be a PNG of that width with something on it (a blank page of
+    that size compresses to a few kilobytes); the layout is then judged by eye."""
+    browser.width(width)
+    time.sleep(0.3)
+    browser.screenshot(path)
+    assert _png_size(path) == (width, 1400)
+    assert path.stat().st_size > 30_000, f"{path} looks blank"
+
+
+def _rows(browser: Browser) -> list[str]:
+    return browser.eval("[...document.querySelectorAll('#repos tr[data-repo]')].map(r => r.dataset.repo)")
+
+
+def test_the_page_refreshes_in_place_sorts_filters_and_shows_a_repo_page(emu, tmp_path, browser):
+    cache = tmp_path / "cache"
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    with MirrorProcess(emu.url, cache, "--max-size", "10G", "--admin-token", ADMIN_TOKEN,
+                       env={"HF_MIRROR_STATUS_SAMPLE": "1"}) as mirror:
+        for path in MODEL_FILES:
+            assert httpx.get(f"{mirror.url}/acme/tiny-model/resolve/main/{path}").status_code == 200
+        for path in ("train.jsonl", "test.jsonl"):
+            assert httpx.get(f"{mirror.url}/datasets/acme/tiny-jsonl/resolve/main/{path}").status_code == 200
+        assert httpx.get(f"{mirror.url}/acme/no-such-repo/resolve/main/x.json").status_code == 401  # an error
+        gated = {"authorization": f"Bearer {GOOD_TOKEN}"}
+        assert httpx.get(f"{mirror.url}/acme/gated-model/resolve/main/config.json", headers=gated).status_code == 200
+        record_run(cache, str(tmp_path / "nightly.toml"), ok=False, files=2, size=1234, failed=1)
+        time.sleep(2.5)
+
+        # Gated repos: listed to the admin and to a Hub token upstream confirmed, not to others (who read a note).
+        def listed(**headers: str) -> dict[str, Any]:
+            return httpx.get(mirror.url + "/api/mirror/status", headers=headers).json()
+        anonymous = listed()
+        assert [r["id"] for r in anonymous["repos"]] == ["acme/tiny-jsonl", "acme/tiny-model"]
+        assert anonymous["repos_hidden"] is True
+        assert "acme/gated-model" in [r["id"] for r in listed(authorization=f"Bearer {GOOD_TOKEN}")["repos"]]
+        assert "acme/gated-model" in [r["id"] for r in listed(authorization=f"Bearer {ADMIN_TOKEN}")["repos"]]
+        denied = listed(authorization=f"Bearer {DENIED_TOKEN}")
+        assert "acme/gated-model" not in [r["id"] for r in denied["repos"]] and denied["repos_hidden"] is True
+        assert listed(authorization=f"Bearer {ADMIN_TOKEN}")["repos_hidden"] is False
+        assert anonymous["version"] and anonymous["uptime"] > 0 and anonymous["disk"]["total"] > 0
+        [run] = anonymous["sync_runs"]
+        assert run["manifest"] == "nightly.toml" and run["ok"] is False and run["failed"] == 1
+        assert sum(p["errors"] for p in anonymous["history"]["points"]) >= 1
+
+        # The page refreshes itself: a number moves without a reload (a value set in the page survives).
+        browser.goto(mirror.url + "/?refresh=1")
+        assert browser.eval("document.getElementById('repos-hidden').textContent").startswith("Some cached repos")
+        assert browser.eval("document.querySelector('#sync-runs td.bad').textContent") == "FAILED"
+        assert "of 9.3 GiB" in browser.eval("document.getElementById('disk-usage').textContent")
+        assert browser.eval("document.getElementById('version').textContent").startswith("version ")
+        browser.eval("window.stayed = 'no reload'")
+        hits = int(browser.eval("document.getElementById('hit-count').textContent"))
+        for _ in range(3):
+            assert httpx.get(f"{mirror.url}/acme/tiny-model/resolve/main/config.json").status_code == 200
+        browser.wait(f"Number(document.getElementById('hit-count').textContent) >= {hits + 3}")
+        assert browser.eval("window.stayed") == "no reload"
+        assert browser.eval("document.getElementById('refreshed').textContent").startswith("updated")
+
+        # ... and not while the tab is hidden; at once when it shows again.
+        browser.eval("Object.defineProperty(document, 'hidden', {configurable: true, get: () => true})")
+        time.sleep(1.2)
+        before = browser.eval("Number(document.body.dataset.refreshes)")
+        time.sleep(2.5)
+        assert browser.eval("Number(document.body.dataset.refreshes)") == before
+        browser.eval("delete document.hidden; document.dispatchEvent(new Event('visibilitychange'))")
+        browser.wait(f"Number(document.body.dataset.refreshes) > {before}")
+
+        _shoot(browser, shots / "status-1400.png", 1400)
+        _shoot(browser, shots / "status-800.png", 800)
+        browser.width(1400)
+
+        # Sort by a column header, in place: biggest first, then the other way round.
+        assert _rows(browser) == ["dataset:acme/tiny-jsonl", "model:acme/tiny-model"]
+        browser.eval("document.querySelector('th[data-sort=\"size\"] a').click()")
+        browser.wait("location.search.includes('sort=size') && document.querySelector('#repos tr[data-repo]')"
+                     ".dataset.repo === 'model:acme/tiny-model'")
+        browser.eval("document.querySelector('th[data-sort=\"size\"] a').click()")
+        browser.wait("location.search.includes('order=asc') && document.querySelector('#repos tr[data-repo]')"
+                     ".dataset.repo === 'dataset:acme/tiny-jsonl'")
+        sizes = browser.eval("[...document.querySelectorAll('#repos td[data-bytes]')].map(c => +c.dataset.bytes)")
+        assert sizes == sorted(sizes)
+
+        # Filter by type (the select submits itself) and by name; the order chosen stays.
+        browser.eval("const s = document.getElementById('filter-type'); s.value = 'model';"
+                     "s.dispatchEvent(new Event('change', {bubbles: true}))")
+        browser.wait("location.search.includes('type=model') && location.search.includes('sort=size')")
+        browser.wait("document.querySelectorAll('#repos tr[data-repo]').length === 1")
+        assert _rows(browser) == ["model:acme/tiny-model"]
+        assert browser.eval("window.stayed") == "no reload"
+        browser.goto(mirror.url + "/?pinned=yes")
+        assert browser.eval("document.querySelector('#repos').textContent").count("no cached repo matches") == 1
+
+        # The Hub token typed into the page's field lists the gated repo it may read.
+        browser.goto(mirror.url + "/")
+        assert "model:acme/gated-model" not in _rows(browser)
+        browser.eval(f"const t = document.getElementById('token'); t.value = '{GOOD_TOKEN}';"
+                     "t.dispatchEvent(new Event('change', {bubbles: true}))")
+        browser.wait("[...document.querySelectorAll('#repos tr[data-repo]')].some(r => r.dataset.repo === "
+                     "'model:acme/gated-model')")
+        assert not browser.eval("!!document.getElementById('repos-hidden')")
+        browser.eval("sessionStorage.clear(); document.getElementById('token').value = ''")
+
+        # The repo page, from the list's link: revisions, files with sizes, the pin and who made it and why.
+        browser.goto(mirror.url + "/?q=tiny-model&refresh=1")
+        browser.eval("document.querySelector('a.repo-link').click()")
+        browser.wait("!!document.getElementById('repo-files')")
+        assert browser.eval("location.search") == "?repo=model%3Aacme%2Ftiny-model"
+        files = browser.eval("[...document.querySelectorAll('#files tr[data-path]')].map(r => r.dataset.path)")
+        assert files == sorted(MODEL_FILES)
+        sizes = browser.eval("[...document.querySelectorAll('#files td[data-bytes]')].map(c => +c.dataset.bytes)")
+        assert all(size > 0 for size in sizes) and sum(sizes) > 75_000
+        assert "main" in browser.eval("document.getElementById('revisions').textContent")
+        assert "config.json" in browser.eval("document.getElementById('recent-files').textContent")
+        assert browser.eval("document.getElementById('pin-state').textContent") == "not pinned"
+        browser.eval("window.stayed = 'repo page'")
+        assert _click(browser, "pin", "acme/tiny-model")["ok"]
+        browser.wait("document.getElementById('pin-state').textContent === 'pinned (operator)'")
+        assert "by an operator" in browser.eval("document.getElementById('pin-reason').textContent")
+        assert browser.eval("window.stayed") == "repo page"
+        _shoot(browser, shots / "repo-1400.png", 1400)
+        _shoot(browser, shots / "repo-800.png", 800)
+
+        # The repo's JSON; an unknown repo and a gated one (to an anonymous caller) answer the same 404.
+        detail = httpx.get(mirror.url + "/api/mirror/status", params={"repo": "model:acme/tiny-model"}).json()
+        assert {f["path"] for f in detail["files"]} == set(MODEL_FILES) and detail["pinned_by"] == "operator"
+        assert detail["refs"] == [{"name": "main", "commit": detail["revisions"][0]["commit"]}]
+        for hidden in ("model:acme/nothing", "model:acme/gated-model", "nonsense"):
+            answer = httpx.get(mirror.url + "/api/mirror/status", params={"repo": hidden})
+            assert answer.status_code == 404 and answer.json()["repo"] is None, hidden
+            assert httpx.get(mirror.url + "/", params={"repo": hidden}).status_code == 404
+        allowed = httpx.get(mirror.url + "/api/mirror/status", params={"repo": "model:acme/gated-model"},
+                            headers=gated)
+        assert allowed.status_code == 200 and allowed.json()["files_total"] == 1
+
+        # The repo evicted meanwhile (by the operator, elsewhere): its open page says so at its next refresh.
+        admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+        for action in ("unpin", "evict"):
+            assert httpx.post(f"{mirror.url}/api/mirror/repos/model/acme/tiny-model/{action}", json={},
+                              headers=admin).status_code == 200
+        browser.wait("!!document.getElementById('not-found')")
+        assert browser.eval("window.stayed") == "repo page"
