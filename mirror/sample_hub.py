@@ -7,7 +7,10 @@ hub-protocol.md): HEAD/GET resolve with Range, ``/api/{models,datasets}/{repo}[/
 ``paths-info`` and ``refs``, with the Hub's ETag/X-Linked-*/X-Repo-Commit headers and ``X-Error-Code`` 404s.
 It is not the test emulator: it only knows branch ``main`` and the commit sha.
 
-``python -m mirror.sample_hub --port 8091 [--rows 4000] [--write-local DIR]``
+With ``--size`` it also serves the bench's dataset ``demo/bench-text`` (parquet shards of that total size, streamed
+from disk) and its tokenizer ``demo/bench-tokenizer`` (:mod:`mirror.harness.sample_data` generates them once).
+
+``python -m mirror.sample_hub --port 8091 [--rows 4000] [--write-local DIR] [--size 2G --seed 0 --data-dir DIR]``
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ import hashlib
 import io
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from mirror.asgi import Receive, Scope, Send, answer_lifespan, read_body, send_response
+from mirror.harness.sample_data import ensure, parse_size
 
 MODEL_REPO = "demo/tiny-tokenizer"
 DATASET_REPO = "demo/tiny-text"
@@ -38,31 +44,42 @@ _SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 @dataclass
 class RepoFile:
     path: str
-    data: bytes
+    data: bytes = b""
     lfs: bool = False
+    # the bench's gigabytes are served from disk, with the size and sha256 its manifest recorded at generation
+    disk: Path | None = None
+    known_size: int | None = None
+    known_sha256: str | None = None
 
     @property
+    def size(self) -> int:
+        return self.known_size if self.known_size is not None else len(self.data)
+
+    def content(self) -> bytes:
+        return self.disk.read_bytes() if self.disk is not None else self.data
+
+    @cached_property
     def sha1(self) -> str:  # git blob id of the content (the tree oid of a regular file)
-        return hashlib.sha1(b"blob %d\0" % len(self.data) + self.data).hexdigest()
+        return hashlib.sha1(b"blob %d\0" % self.size + self.content()).hexdigest()
 
-    @property
+    @cached_property
     def sha256(self) -> str:
-        return hashlib.sha256(self.data).hexdigest()
+        return self.known_sha256 or hashlib.sha256(self.content()).hexdigest()
 
     @property
     def pointer(self) -> bytes:
-        return f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.sha256}\nsize {len(self.data)}\n".encode()
+        return f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.sha256}\nsize {self.size}\n".encode()
 
     @property
     def etag(self) -> str:
         return self.sha256 if self.lfs else self.sha1
 
     def entry(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": "file", "size": len(self.data), "path": self.path}
+        out: dict[str, Any] = {"type": "file", "size": self.size, "path": self.path}
         if self.lfs:
             ptr = self.pointer
             out["oid"] = hashlib.sha1(b"blob %d\0" % len(ptr) + ptr).hexdigest()
-            out["lfs"] = {"oid": self.sha256, "size": len(self.data), "pointerSize": len(ptr)}
+            out["lfs"] = {"oid": self.sha256, "size": self.size, "pointerSize": len(ptr)}
         else:
             out["oid"] = self.sha1
         return out
@@ -85,8 +102,8 @@ class Repo:
         return {"/".join(p.split("/")[:i]) for p in self.files for i in range(1, p.count("/") + 1)}
 
     def info(self) -> dict[str, Any]:
-        siblings = [{"rfilename": p, "size": len(f.data), "blobId": f.entry()["oid"],
-                     **({"lfs": {"sha256": f.sha256, "size": len(f.data), "pointerSize": len(f.pointer)}}
+        siblings = [{"rfilename": p, "size": f.size, "blobId": f.entry()["oid"],
+                     **({"lfs": {"sha256": f.sha256, "size": f.size, "pointerSize": len(f.pointer)}}
                         if f.lfs else {})} for p, f in sorted(self.files.items())]
         return {"id": self.repo_id, "_id": self.sha[:24], "sha": self.sha, "author": self.repo_id.split("/")[0],
                 "private": False, "gated": False, "disabled": False, "tags": [], "downloads": 0, "likes": 0,
@@ -162,26 +179,74 @@ def write_local(repo: Repo, directory: Path) -> None:
     """Write a repo's files to ``directory`` (what ``--compare-local`` streams)."""
     for path, f in repo.files.items():
         (directory / path).parent.mkdir(parents=True, exist_ok=True)
-        (directory / path).write_bytes(f.data)
+        (directory / path).write_bytes(f.content())
+
+
+BENCH_DATASET = "demo/bench-text"
+BENCH_TOKENIZER = "demo/bench-tokenizer"
+
+
+def bench_repos(size: int, seed: int, cache_root: Path | None = None) -> dict[tuple[str, str], Repo]:
+    """The bench's repos (``demo/bench-text`` of ``size`` bytes of parquet, ``demo/bench-tokenizer``), served from the
+    generated folder (:mod:`mirror.harness.sample_data`, generated on first use)."""
+    data = ensure(size, seed, cache_root)
+    out: dict[tuple[str, str], Repo] = {}
+    for kind, repo_id, directory, files in (
+            ("dataset", BENCH_DATASET, data.dataset_dir, data.manifest["dataset_files"]),
+            ("model", BENCH_TOKENIZER, data.tokenizer_dir, data.manifest["tokenizer_files"])):
+        repo = Repo(repo_id, kind)
+        for path, meta in files.items():
+            repo.files[path] = RepoFile(path, lfs=meta["lfs"], disk=directory / path, known_size=meta["size"],
+                                        known_sha256=meta["sha256"])
+        out[(kind, repo_id)] = repo
+    return out
+
+
+STATS_PATH = "/_sample_hub/stats"
 
 
 class SampleHub:
-    """The ASGI app. Routes on ``raw_path`` so that a ``%2F``-encoded revision stays one segment."""
+    """The ASGI app. Routes on ``raw_path`` so that a ``%2F``-encoded revision stays one segment.
+
+    It counts what it is asked (``GET /_sample_hub/stats``): requests and body bytes sent, split into *data*
+    (resolves of LFS files: the parquet shards) and *metadata* (everything else), so that a bench can say what a
+    pass asked of upstream. Health checks and the stats route are not counted."""
 
     def __init__(self, repos: dict[tuple[str, str], Repo]) -> None:
         self.repos = repos
+        self.stats = {"requests": 0, "bytes": 0, "data_requests": 0, "data_bytes": 0, "metadata_requests": 0,
+                      "metadata_bytes": 0}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if await answer_lifespan(scope, receive, send):
             return
         body = await read_body(receive)
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-        status, out_headers, payload = self.handle(scope["method"], scope["raw_path"].decode(),
-                                                   scope.get("query_string", b"").decode(), headers, body)
+        raw = scope["raw_path"].decode()
+        if raw == STATS_PATH:
+            await send_response(send, scope["method"], *_json(200, self.stats))
+            return
+        status, out_headers, payload = self.handle(scope["method"], raw, scope.get("query_string", b"").decode(),
+                                                   headers, body)
+        kind = "data" if "x-linked-size" in out_headers else "metadata"
+        counted = raw != "/healthz"
+
+        def count(n: int) -> None:
+            if counted:
+                self.stats["bytes"] += n
+                self.stats[f"{kind}_bytes"] += n
+
+        if counted:
+            self.stats["requests"] += 1
+            self.stats[f"{kind}_requests"] += 1
+        if isinstance(payload, FileSlice):
+            await _send_file(send, scope["method"], status, out_headers, payload, count)
+            return
         await send_response(send, scope["method"], status, out_headers, payload)
+        count(0 if scope["method"] == "HEAD" else len(payload))
 
     def handle(self, method: str, raw: str, query: str, headers: dict[str, str],
-               body: bytes) -> tuple[int, dict[str, str], bytes]:
+               body: bytes) -> tuple[int, dict[str, str], bytes | FileSlice]:
         parts = raw.strip("/").split("/")
         if raw == "/healthz":
             return _json(200, {"status": "ok"})
@@ -240,23 +305,59 @@ def _error(status: int, code: str, message: str, commit: str | None = None) -> t
     return _json(status, {"error": message}, extra)
 
 
-def _serve(f: RepoFile, commit: str, range_header: str | None) -> tuple[int, dict[str, str], bytes]:
-    size = len(f.data)
+@dataclass(frozen=True)
+class FileSlice:
+    """Bytes ``start..end`` (inclusive) of a file on disk: a body streamed in chunks, never held whole."""
+
+    path: Path
+    start: int
+    end: int
+
+
+def _serve(f: RepoFile, commit: str, range_header: str | None) -> tuple[int, dict[str, str], bytes | FileSlice]:
+    size = f.size
     headers = {"content-type": "application/octet-stream", "accept-ranges": "bytes", "etag": f'"{f.etag}"',
                "x-repo-commit": commit, "content-disposition": f'inline; filename="{f.path.rsplit("/", 1)[-1]}"'}
     if f.lfs:
         headers.update({"x-linked-etag": f'"{f.sha256}"', "x-linked-size": str(size)})
+
+    def body(start: int, end: int) -> bytes | FileSlice:
+        return FileSlice(f.disk, start, end) if f.disk is not None else f.data[start:end + 1]
+
     if not range_header or not range_header.startswith("bytes=") or "," in range_header:
-        return 200, headers, f.data
+        return 200, headers, body(0, size - 1)
     first, _, last = range_header[6:].strip().partition("-")
     try:
         start, end = (size - int(last), size - 1) if not first else (int(first), int(last) if last else size - 1)
     except ValueError:
-        return 200, headers, f.data
+        return 200, headers, body(0, size - 1)
     start, end = max(start, 0), min(end, size - 1)
     if start >= size or start > end:
         return 416, {**headers, "content-range": f"bytes */{size}"}, b""
-    return 206, {**headers, "content-range": f"bytes {start}-{end}/{size}"}, f.data[start:end + 1]
+    return 206, {**headers, "content-range": f"bytes {start}-{end}/{size}"}, body(start, end)
+
+
+async def _send_file(send: Send, method: str, status: int, headers: dict[str, str], body: FileSlice,
+                     counted: Callable[[int], None]) -> None:
+    length = body.end - body.start + 1
+    headers["content-length"] = str(length)
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(k.encode(), v.encode()) for k, v in headers.items()]})
+    if method == "HEAD":
+        await send({"type": "http.response.body", "body": b""})
+        return
+    with open(body.path, "rb") as f:
+        f.seek(body.start)
+        left = length
+        while left > 0:
+            chunk = f.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            left -= len(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": left > 0})
+            counted(len(chunk))
+    if left > 0:  # the file shrank under us: end the body rather than hang the client
+        await send({"type": "http.response.body", "body": b""})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,8 +366,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8091)
     parser.add_argument("--rows", type=int, default=4000, help="train rows of demo/tiny-text (test: a tenth)")
     parser.add_argument("--write-local", type=Path, help="also write demo/tiny-text's files into this folder")
+    parser.add_argument("--size", default=None,
+                        help=f"also serve {BENCH_DATASET} with this much parquet (e.g. 256M, 2G) and "
+                             f"{BENCH_TOKENIZER}, generated once into --data-dir")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --size dataset (default 0)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="where generated datasets are kept (default ~/.cache/hf-mirror/sample-data)")
     args = parser.parse_args(argv)
     repos = build_repos(args.rows)
+    if args.size:
+        repos.update(bench_repos(parse_size(args.size), args.seed, args.data_dir))
     if args.write_local:
         write_local(repos[("dataset", DATASET_REPO)], args.write_local)
     import uvicorn

@@ -7,39 +7,83 @@ import sys
 from pathlib import Path
 
 from mirror.harness.bench import run_bench
+from mirror.harness.passes import SAMPLE_KINDS
 from mirror.harness.protocol import EXIT_USER_ERROR, HarnessError
+from mirror.harness.sample_bench import run_sample_bench
+
+
+def worker_counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of worker counts: {text!r} (e.g. 0,4,16)") from None
+    if not counts or min(counts) < 0:
+        raise argparse.ArgumentTypeError(f"not a list of worker counts: {text!r} (e.g. 0,4,16)")
+    return counts
+
+
+def _passes(text: str) -> list[str]:
+    kinds = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [k for k in kinds if k not in SAMPLE_KINDS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"unknown pass {unknown or text!r}; choose from {','.join(SAMPLE_KINDS)}")
+    return kinds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--endpoint", required=True, help="the endpoint to measure (your mirror), e.g. http://127.0.0.1:8090")
-    add("--dataset", required=True, help="dataset repo id, e.g. demo/tiny-text")
+    add("--endpoint", default=None,
+        help="the endpoint to measure (your mirror), e.g. http://127.0.0.1:8090; without it the bench runs its own "
+             "sample Hub with a generated dataset of --size and fresh mirrors in front of it")
+    add("--dataset", default=None, help="with --endpoint: dataset repo id, e.g. HuggingFaceFW/fineweb-edu")
     add("--config", default=None, help="dataset config name (default: the dataset's default)")
     add("--split", default="train", help="split to stream (default train)")
     add("--text-column", default="text", help="column fed to the tokenizer (default text)")
-    add("--tokenizer", required=True, help="model repo whose tokenizer is loaded through the endpoint")
+    add("--tokenizer", default=None, help="with --endpoint: model repo whose tokenizer is loaded through it")
+    add("--size", default="2G", help="without --endpoint: parquet bytes of the generated dataset (default 2G; "
+                                     "kept in --data-dir between runs)")
+    add("--seed", type=int, default=0, help="without --endpoint: seed of the generated dataset (default 0)")
+    add("--data-dir", type=Path, default=None,
+        help="where generated datasets are kept (default $HF_MIRROR_SAMPLE_DATA or ~/.cache/hf-mirror/sample-data)")
+    add("--passes", type=_passes, default=list(SAMPLE_KINDS),
+        help=f"without --endpoint: which passes (default {','.join(SAMPLE_KINDS)})")
+    add("--repeat", type=int, default=1, help="without --endpoint: run every pass N times; the table shows medians")
     add("--batch-size", type=int, default=32, help="rows per batch (default 32)")
     add("--max-length", type=int, default=128, help="tokenizer truncation length (default 128)")
-    add("--num-workers", type=int, default=0, help="DataLoader worker processes (default 0)")
+    add("--workers", type=worker_counts, default=None,
+        help="DataLoader worker counts, one set of passes each, e.g. 0,4,16 (default: 0,4,16 without --endpoint, "
+             "0 with it)")
+    add("--num-workers", type=int, default=None, help=argparse.SUPPRESS)  # the flag before --workers
     add("--shuffle-buffer", type=int, default=0, help="IterableDataset.shuffle buffer size; 0 = no shuffle")
     add("--max-rows", type=int, default=None, help="stop after this many rows per pass")
     add("--max-seconds", type=float, default=None, help="stop a pass after this many seconds")
     add("--step-ms", type=float, default=0.0,
-        help="simulated consumer compute per batch in ms (default 0); makes the starvation ratio meaningful")
+        help="simulated training step per batch in ms (default 0): a sleep on the CPU, calibrated matmuls on a GPU; "
+             "makes the data stall meaningful")
     add("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where batches go (default auto)")
     add("--compare-direct", metavar="URL", default=None,
-        help="run the same cold+warm passes against this endpoint too (the Hub, or the upstream itself)")
+        help="with --endpoint: run the same cold+warm passes against this endpoint too (the Hub, or the upstream)")
     add("--compare-local", metavar="DIR", type=Path, default=None,
-        help="also stream the dataset's files from this local folder (the ceiling)")
+        help="with --endpoint: also stream the dataset's files from this local folder (the ceiling)")
     add("--json", metavar="FILE", type=Path, default=None, help="write all figures to this JSON file")
     add("--plot", metavar="FILE.png", type=Path, default=None, help="plot throughput over time (needs matplotlib)")
-    add("--timeout", type=float, default=600.0, help="seconds one pass may take before it is killed (default 600)")
+    add("--timeout", type=float, default=3600.0, help="seconds one pass may take before it is killed (default 3600)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.workers is None:
+        args.workers = [args.num_workers] if args.num_workers is not None else [0] if args.endpoint else [0, 4, 16]
     try:
-        report = run_bench(args)
+        if args.endpoint:
+            if not args.dataset or not args.tokenizer:
+                raise HarnessError("missing_repo", "--endpoint needs --dataset and --tokenizer")
+            report = run_bench(args)
+        else:
+            report = run_sample_bench(args)
     except HarnessError as exc:
         print(f"hf-mirror bench: error ({exc.kind}): {exc.message}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except ValueError as exc:  # a bad --size
+        print(f"hf-mirror bench: error (bad_argument): {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     return 0 if report["passes"] else 1

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -41,8 +42,16 @@ def preflight(endpoint: str, dataset: str | None, tokenizer: str) -> None:
             raise HarnessError("endpoint_error", f"{url} answered HTTP {status}")
 
 
-def scrape_bytes_served(endpoint: str) -> float | None:
-    """Sum of ``hf_mirror_served_bytes_total`` on the endpoint's /metrics, or None when it has none (not a mirror)."""
+# The mirror's metric families the harness reads (mirror/metrics.py): the one place to follow a rename.
+# Each: the name since the metrics' renaming, then the previous release's (a mirror of an older version).
+SERVED = ("hf_mirror_served_bytes", "hf_mirror_bytes_served")  # body bytes sent to clients
+UPSTREAM_REQUESTS = ("hf_mirror_upstream_requests",)  # requests sent upstream (any status)
+FETCHED = ("hf_mirror_upstream_bytes", "hf_mirror_bytes_fetched")  # body bytes fetched from upstream
+
+
+def scrape_mirror(endpoint: str) -> dict[str, float] | None:
+    """Sums of the mirror's counters the harness reads (``served``, ``upstream_requests``, ``upstream_bytes``), or
+    None when the endpoint has no Prometheus /metrics (not a mirror). A family that is absent reads as 0."""
     try:
         status, text = _http_get(endpoint.rstrip("/") + "/metrics", timeout=5)
     except Exception:  # noqa: BLE001 - any failure means "no metrics"
@@ -50,12 +59,32 @@ def scrape_bytes_served(endpoint: str) -> float | None:
     if status != 200:
         return None
     try:
-        families = list(text_string_to_metric_families(text))
+        families = {f.name: f for f in text_string_to_metric_families(text)}
     except ValueError:
         return None  # not Prometheus text: not a mirror
-    # The name since the metrics' renaming first, then the previous release's (a mirror of an older version).
-    for name in ("hf_mirror_served_bytes", "hf_mirror_bytes_served"):
-        served = [f for f in families if f.name == name]
-        if served:  # a mirror that has served nothing yet has the family without samples: 0
-            return sum(s.value for s in served[0].samples if s.name == name + "_total")
-    return None
+    if not any(name in families for name in SERVED):
+        return None
+
+    def total(names: tuple[str, ...]) -> float:
+        for name in names:
+            family = families.get(name)
+            if family is not None:
+                return sum(s.value for s in family.samples if s.name == name + "_total")
+        return 0.0
+
+    return {"served": total(SERVED), "upstream_requests": total(UPSTREAM_REQUESTS), "upstream_bytes": total(FETCHED)}
+
+
+def scrape_bytes_served(endpoint: str) -> float | None:
+    """Sum of the mirror's bytes-served counter, or None when the endpoint is not a mirror."""
+    figures = scrape_mirror(endpoint)
+    return figures["served"] if figures else None
+
+
+def sample_hub_stats(url: str) -> dict[str, int] | None:
+    """The sample Hub's own counters (requests and body bytes, data and metadata); None if unreadable."""
+    try:
+        status, text = _http_get(url.rstrip("/") + "/_sample_hub/stats", timeout=5)
+        return json.loads(text) if status == 200 else None
+    except Exception:  # noqa: BLE001 - a missing figure, not a failed bench
+        return None

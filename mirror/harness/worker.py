@@ -117,7 +117,109 @@ def worker_main(cfg: dict[str, Any]) -> int:
     return 0
 
 
+class _ForkedWorkers:
+    """Without torch: DataLoader-like worker processes (forked, as DataLoader's are on Linux). Worker ``i`` of ``n``
+    iterates ``ds.shard(num_shards=n, index=i, contiguous=False)`` of an IterableDataset, which is what ``datasets``
+    gives DataLoader worker ``i``, collates batches and sends them back; ``prefetch`` batches per worker at most."""
+
+    def __init__(self, ds: Any, workers: int, batch_size: int, collate: Collate, rchar: Any,
+                 prefetch: int = 2) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")
+        self.queue = ctx.Queue(maxsize=prefetch * workers)
+        self.live = workers
+        self.procs = [ctx.Process(target=_forked_worker, daemon=True,
+                                  args=(ds.shard(num_shards=workers, index=i, contiguous=False), batch_size, collate,
+                                        self.queue, rchar)) for i in range(workers)]
+        for proc in self.procs:
+            proc.start()
+
+    def __iter__(self) -> _ForkedWorkers:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        while self.live:
+            item = self.queue.get()
+            if item is None:
+                self.live -= 1
+            elif isinstance(item, str):
+                raise RuntimeError(f"a loader worker failed:\n{item}")
+            else:
+                return item
+        raise StopIteration
+
+    def close(self) -> None:
+        for proc in self.procs:  # ours, by PID
+            if proc.is_alive():
+                proc.terminate()
+            proc.join(timeout=5)
+
+
+def _forked_worker(ds: Any, batch_size: int, collate: Collate, queue: Any, rchar: Any) -> None:
+    import fsspec.asyn
+
+    fsspec.asyn.reset_lock()  # as datasets does in a DataLoader worker: the parent's fsspec loop is not ours
+    try:
+        for b in ds.iter(batch_size=batch_size):
+            queue.put(collate([dict(zip(b, vals, strict=True)) for vals in zip(*b.values(), strict=True)]))
+    except Exception:  # noqa: BLE001 - handed to the parent, which fails the pass with it
+        import traceback
+
+        queue.put(traceback.format_exc())
+    _add_rchar(rchar)
+    queue.put(None)
+
+
+def _add_rchar(rchar: Any) -> None:
+    """Add this (worker) process's bytes read since its fork to the shared counter (local passes' MB/s)."""
+    mine = _rchar()
+    if rchar is not None and mine is not None:
+        with rchar.get_lock():
+            rchar.value += mine
+
+
+def _torch_worker_init(rchar: Any) -> Callable[[int], None]:
+    def init(_: int) -> None:
+        import multiprocessing.util
+
+        # a DataLoader worker leaves through multiprocessing's exit path, which runs Finalize callbacks (not atexit)
+        multiprocessing.util.Finalize(None, _add_rchar, args=(rchar,), exitpriority=100)
+
+    return init
+
+
+class _Step:
+    """The simulated training step: ``step_ms`` of work per batch. On a GPU real matmuls, calibrated to that
+    duration and waited for (the batch's copy, issued before, overlaps with the previous step); else a sleep."""
+
+    def __init__(self, step_ms: float, torch: Any, cuda: bool) -> None:
+        self.seconds, self.torch, self.reps = step_ms / 1000, torch, 0
+        self.kind = "sleep" if step_ms else "none"
+        if step_ms and cuda:
+            a = torch.randn(2048, 2048, device="cuda")
+            self.a, self.b, self.c = a, torch.randn_like(a), torch.empty_like(a)
+            torch.mm(self.a, self.b, out=self.c)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(20):
+                torch.mm(self.a, self.b, out=self.c)
+            torch.cuda.synchronize()
+            per = (time.perf_counter() - t) / 20
+            self.reps, self.kind = max(1, round(self.seconds / per)), "matmul"
+
+    def __call__(self) -> None:
+        if self.kind == "matmul":
+            for _ in range(self.reps):
+                self.torch.mm(self.a, self.b, out=self.c)
+            self.torch.cuda.synchronize()
+        elif self.kind == "sleep":
+            time.sleep(self.seconds)
+
+
 def _measure(cfg: dict[str, Any], counter: Any) -> dict[str, Any]:
+    import multiprocessing
+
     t_imports = time.perf_counter()
     import datasets
     from transformers import AutoTokenizer
@@ -142,96 +244,135 @@ def _measure(cfg: dict[str, Any], counter: Any) -> dict[str, Any]:
         else:
             device_note = "asked for cpu" if cfg["device"] == "cpu" else "no CUDA device found"
     cuda = device == "cuda"
+    step = _Step(cfg["step_ms"], torch, cuda)
+    workers = int(cfg["workers"])
+    streaming = not cfg.get("nonstreaming")
 
+    worker_rchar = multiprocessing.Value("Q", 0)
     rchar0 = _rchar()
     bytes0 = counter.value
     t0 = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(cfg["tokenizer"])
     tokenizer_s = time.perf_counter() - t0
     source = cfg["local_dir"] or cfg["dataset"]
-    ds = datasets.load_dataset(source, cfg["config"], split=cfg["split"], streaming=True)
+    ds = datasets.load_dataset(source, cfg["config"], split=cfg["split"], streaming=streaming)
+    load_s = time.perf_counter() - t0
     features = getattr(ds, "features", None)
     if features is not None and cfg["text_column"] not in features:
         raise HarnessError("missing_column", f"column {cfg['text_column']!r} not in the dataset; "
                                              f"columns: {sorted(features)}")
     if cfg["shuffle_buffer"]:
-        ds = ds.shuffle(seed=0, buffer_size=cfg["shuffle_buffer"])
-    if cfg["max_rows"]:
-        ds = ds.take(cfg["max_rows"])
+        ds = ds.shuffle(seed=0, buffer_size=cfg["shuffle_buffer"]) if streaming else ds.shuffle(seed=0)
+    n_shards = getattr(ds, "n_shards", None) if streaming else None
+    # datasets gives each DataLoader worker whole shards: workers beyond the shard count idle (it warns)
+    active = min(workers, n_shards) if n_shards else workers
     collate = Collate(tokenizer, cfg["text_column"], cfg["max_length"], "pt" if torch is not None else "np")
 
+    pool: _ForkedWorkers | None = None
     if torch is not None:
-        loader = DataLoader(ds, batch_size=cfg["batch_size"], collate_fn=collate, num_workers=cfg["num_workers"],
-                            pin_memory=cuda)
+        loader = DataLoader(ds, batch_size=cfg["batch_size"], collate_fn=collate, num_workers=workers,
+                            pin_memory=cuda, worker_init_fn=_torch_worker_init(worker_rchar) if workers else None,
+                            persistent_workers=False)
         batches: Any = iter(loader)
+        loader_kind = "torch DataLoader"
+    elif workers and streaming:
+        batches = pool = _ForkedWorkers(ds, active, cfg["batch_size"], collate, worker_rchar)
+        loader_kind = "forked workers (no torch)"
     else:
+        if workers:
+            device_note += "; without torch a non-streaming load runs in-process"
         batches = (collate([dict(zip(b, vals, strict=True)) for vals in zip(*b.values(), strict=True)])
                    for b in ds.iter(batch_size=cfg["batch_size"]))
+        loader_kind = "in-process (no torch)"
 
     rows = tokens = h2d_bytes = 0
-    wait_s = h2d_s = 0.0
+    wait_s = 0.0
+    copies: list[tuple[Any, Any]] = []
     ttfb_s: float | None = None
     t_first: float | None = None
     first_rows = 0
     stopped_early = False
     last_emit = 0.0
+    max_rows = cfg["max_rows"] or 0
+    rchar_loop = _rchar()
     loop_start = time.perf_counter()
-    while True:
-        tw = time.perf_counter()
-        try:
-            batch = next(batches)
-        except StopIteration:
-            break
-        wait_s += time.perf_counter() - tw
-        n = int(batch["input_ids"].shape[0])
-        if torch is not None:
-            th = time.perf_counter()
-            moved = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    try:
+        while True:
+            tw = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            wait_s += time.perf_counter() - tw
+            n = int(batch["input_ids"].shape[0])
+            if max_rows and rows + n >= max_rows:
+                n, stopped_early = max_rows - rows, True
             if cuda:
-                torch.cuda.synchronize()
-                h2d_s += time.perf_counter() - th
+                # queued on the stream from pinned memory; the events time the copy without stalling the host
+                before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                before.record()
+                moved = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+                after.record()
+                copies.append((before, after))
                 h2d_bytes += sum(v.numel() * v.element_size() for v in moved.values())
-        tokens += int(batch["attention_mask"].sum())
-        rows += n
-        now = time.perf_counter()
-        if ttfb_s is None:
-            ttfb_s, t_first, first_rows = now - t0, now, n
-        if cfg["step_ms"]:
-            time.sleep(cfg["step_ms"] / 1000)
+            tokens += int(batch["attention_mask"][:n].sum())
+            rows += n
             now = time.perf_counter()
-        if now - last_emit > 0.2:
-            _emit({"event": "progress", "t": now - t0, "rows": rows, "bytes": counter.value - bytes0})
-            last_emit = now
-        if cfg["max_seconds"] and now - t0 > cfg["max_seconds"]:
-            stopped_early = True
-            break
-    end = time.perf_counter()
-    del batches  # shuts down DataLoader workers, if any
+            if ttfb_s is None:
+                ttfb_s, t_first, first_rows = now - t0, now, n
+            step()
+            now = time.perf_counter()
+            if now - last_emit > 0.2:
+                _emit({"event": "progress", "t": now - t0, "rows": rows, "bytes": counter.value - bytes0})
+                last_emit = now
+            if stopped_early:
+                break
+            if cfg["max_seconds"] and now - t0 > cfg["max_seconds"]:
+                stopped_early = True
+                break
+        if cuda:
+            torch.cuda.synchronize()
+        end = time.perf_counter()
+    finally:
+        if pool is not None:
+            pool.close()
+        del batches  # shuts down DataLoader workers, if any
+    h2d_s = sum(b.elapsed_time(a) for b, a in copies) / 1000 if copies else 0.0
     _emit({"event": "progress", "t": end - t0, "rows": rows, "bytes": counter.value - bytes0})
     total_s = end - t0
     loop_s = end - loop_start
     socket_bytes = counter.value - bytes0
     rchar1 = _rchar()
-    if cfg["local_dir"]:
-        # local files are read with read(), not sockets: /proc/self/io rchar (main process only)
-        read_bytes = (rchar1 - rchar0) if rchar0 is not None and rchar1 is not None and not cfg["num_workers"] \
+    if cfg["local_dir"] and workers and loader_kind != "in-process (no torch)":
+        # local files are read with read(), not sockets: /proc/self/io rchar of each loader worker (added by the
+        # worker as it exits) and of this process until the loop (during it, this process reads batches from the
+        # workers' pipes, which are no file reads)
+        read_bytes = (rchar_loop - rchar0 + worker_rchar.value) if rchar0 is not None and rchar_loop is not None \
             else None
+        read_method = "proc_rchar" if read_bytes is not None else "unavailable"
+    elif cfg["local_dir"]:
+        read_bytes = (rchar1 - rchar0) if rchar0 is not None and rchar1 is not None else None
         read_method = "proc_rchar" if read_bytes is not None else "unavailable"
     else:
         read_bytes, read_method = socket_bytes, "socket_recv"
     steady_s = end - t_first if t_first is not None else 0.0
+    mb_per_s = read_bytes / 1e6 / total_s if read_bytes is not None and total_s > 0 else None
+    stall = wait_s / loop_s if loop_s > 0 else None
     return {
         "event": "result", "rows": rows, "tokens": tokens, "batches": math.ceil(rows / cfg["batch_size"]),
         "stopped_early": stopped_early, "import_s": import_s, "tokenizer_load_s": tokenizer_s,
-        "ttfb_s": ttfb_s, "total_s": total_s,
+        "load_dataset_s": load_s, "ttfb_s": ttfb_s, "first_batch_s": ttfb_s, "total_s": total_s,
         "rows_per_s": rows / total_s if total_s > 0 else None,
         "steady_rows_per_s": (rows - first_rows) / steady_s if steady_s > 0 and rows > first_rows else None,
         "tokens_per_s": tokens / total_s if total_s > 0 else None,
         "read_bytes": read_bytes, "read_method": read_method, "socket_bytes": socket_bytes,
-        "read_mb_per_s": read_bytes / 1e6 / total_s if read_bytes is not None and total_s > 0 else None,
+        "read_mb_per_s": mb_per_s, "mb_per_s": mb_per_s,
         "h2d_bytes": h2d_bytes if cuda else None, "h2d_s": h2d_s if cuda else None,
         "h2d_gb_per_s": h2d_bytes / 1e9 / h2d_s if cuda and h2d_s > 0 else None,
-        "wait_s": wait_s, "loop_s": loop_s, "starvation_ratio": wait_s / loop_s if loop_s > 0 else None,
+        "wait_s": wait_s, "loop_s": loop_s, "starvation_ratio": stall, "stall_fraction": stall,
+        "step_ms": cfg["step_ms"], "step_kind": step.kind, "step_reps": step.reps,
+        "workers": workers, "active_workers": active, "n_shards": n_shards, "streaming": streaming,
+        "loader": loader_kind, "batch_size": cfg["batch_size"], "max_length": cfg["max_length"],
         "device": device, "device_note": device_note, "torch": getattr(torch, "__version__", None),
         "datasets": datasets.__version__, "pinned_memory": cuda,
     }

@@ -1,4 +1,5 @@
-"""``hf-mirror demo`` and ``hf-mirror bench`` end to end in subprocesses, offline (CPU; GPU when CUDA is there)."""
+"""``hf-mirror demo`` and ``hf-mirror bench`` end to end in subprocesses, offline (CPU; GPU when CUDA is there), at
+tiny sizes: the figures' shape and what each pass asks of upstream, never their speed."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from mirror.harness.sample_data import ensure, parse_size
 from tests.support.mirror_proc import REPO_ROOT, free_port
 
+FIELDS = ("rows_per_s", "tokens_per_s", "mb_per_s", "stall_fraction", "first_batch_s", "upstream_requests",
+          "upstream_bytes", "upstream_data_requests", "workers", "step_ms", "batch_size", "max_length", "device",
+          "streaming", "total_s", "rows", "tokens")
 
-def _run(*argv: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+
+def _run(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "mirror", *argv], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -27,33 +33,75 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-@pytest.mark.timeout(120)
-def test_demo_cold_warm_direct_local(tmp_path: Path) -> None:
+@pytest.mark.timeout(180)
+def test_demo_local_direct_cold_warm(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
-    proc = _run("demo", "--max-rows", "500", "--json", str(out))
+    proc = _run("demo", "--size", "1M", "--max-rows", "500", "--data-dir", str(tmp_path / "data"), "--json",
+                str(out), timeout=170)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     passes = {p["name"]: p for p in report["passes"]}
-    assert set(passes) == {"endpoint-cold", "endpoint-warm", "direct-cold", "direct-warm", "local"}
+    assert set(passes) == {"local-w0", "direct-w0", "mirror-cold-w0", "mirror-warm-w0"}
     for p in passes.values():
+        assert all(k in p for k in FIELDS), sorted(set(FIELDS) - set(p))
         assert p["rows"] == 500, p
         assert p["tokens"] > p["rows"], p  # every row has [CLS] text [SEP]
-        assert 0 < p["ttfb_s"] <= p["total_s"], p
-        assert p["rows_per_s"] > 0 and p["tokens_per_s"] > 0, p
-        assert 0 <= p["starvation_ratio"] <= 1, p
-        assert p["read_bytes"] is None or p["read_bytes"] > 0, p
-    for name in ("endpoint-cold", "endpoint-warm", "direct-cold", "direct-warm"):
-        # the rows came over HTTP: at least one data file's worth of bytes (the train parquet is > 100 kB)
-        assert passes[name]["read_method"] == "socket_recv"
-        assert passes[name]["read_bytes"] > 100_000, passes[name]
-        assert passes[name]["read_mb_per_s"] > 0
-    for name in ("endpoint-cold", "endpoint-warm"):
-        served = passes[name]["endpoint_bytes_served"]
-        # the mirror's own counter (bodies) is a little below what the client received (bodies + headers)
-        assert served is not None and 0 < served <= passes[name]["read_bytes"], passes[name]
-    assert passes["direct-cold"]["endpoint_bytes_served"] is None  # the sample hub is no mirror: no /metrics
-    assert "table" not in proc.stderr.lower()
+        assert 0 < p["first_batch_s"] <= p["total_s"], p
+        assert p["rows_per_s"] > 0 and p["tokens_per_s"] > 0 and p["mb_per_s"] > 0, p
+        assert 0 <= p["stall_fraction"] <= 1, p
+    for name in ("direct-w0", "mirror-cold-w0", "mirror-warm-w0"):
+        assert passes[name]["read_method"] == "socket_recv" and passes[name]["read_bytes"] > 10_000
+    assert passes["local-w0"]["upstream_requests"] == 0  # data and tokenizer from disk
+    assert passes["direct-w0"]["upstream_data_requests"] > 0
+    assert passes["mirror-cold-w0"]["upstream_data_requests"] > 0
+    assert passes["mirror-warm-w0"]["upstream_data_requests"] == 0  # the warm mirror serves every shard itself
+    served = passes["mirror-warm-w0"]["endpoint_bytes_served"]
+    assert served is not None and 0 < served <= passes["mirror-warm-w0"]["read_bytes"]
+    assert report["dataset"]["repo"] == "demo/bench-text" and report["dataset"]["files"] > 300
     assert "mirror warm" in proc.stdout and "rows/s" in proc.stdout
+
+
+@pytest.mark.timeout(240)
+def test_bench_workers_upstream_and_stall(tmp_path: Path) -> None:
+    """The whole (tiny) dataset at 1 and 4 workers: a cold mirror asks upstream no more with more workers, the
+    warm one asks nothing for data, and a step that takes time leaves a stall below 1."""
+    out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
+    proc = _run("bench", "--size", "1M", "--workers", "1,4", "--passes", "local,cold,warm", "--step-ms", "5",
+                "--batch-size", "64", "--data-dir", str(tmp_path / "data"), "--json", str(out), "--plot", str(plot),
+                timeout=230)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    passes = {p["name"]: p for p in report["passes"]}
+    assert set(passes) == {f"{k}-w{w}" for k in ("local", "mirror-cold", "mirror-warm") for w in (1, 4)}
+    rows = report["dataset"]["rows"]
+    for p in passes.values():
+        assert all(k in p for k in FIELDS), sorted(set(FIELDS) - set(p))
+        assert p["rows"] == rows and p["step_ms"] == 5, p  # every row, once, whatever the worker count
+        assert 0 <= p["stall_fraction"] < 1, p
+    assert passes["mirror-cold-w4"]["active_workers"] == 4
+    cold1, cold4 = passes["mirror-cold-w1"]["upstream_requests"], passes["mirror-cold-w4"]["upstream_requests"]
+    assert 0 < cold4 <= cold1 * 1.1 + 2, (cold1, cold4)
+    assert passes["mirror-cold-w4"]["upstream_data_requests"] <= passes["mirror-cold-w1"]["upstream_data_requests"]
+    for w in (1, 4):
+        assert passes[f"mirror-warm-w{w}"]["upstream_data_requests"] == 0
+        assert report["summary"][f"workers={w}"]["warm_upstream_data_requests"] == 0
+    assert report["config"]["workers"] == [1, 4] and report["timelines"]["mirror-warm-w4"]
+    assert plot.exists() or "matplotlib is not installed" in proc.stdout
+
+
+def test_sample_data_is_deterministic(tmp_path: Path) -> None:
+    size = parse_size("512K")
+    a, b = ensure(size, 7, tmp_path / "a", log=lambda _: None), ensure(size, 7, tmp_path / "b", log=lambda _: None)
+    for key in ("dataset_files", "tokenizer_files", "rows", "shards"):
+        assert a.manifest[key] == b.manifest[key], key
+    shard = a.data_files[0]
+    assert (a.dataset_dir / shard).read_bytes() == (b.dataset_dir / shard).read_bytes()
+    assert a.manifest["shards"] == 16 and len(a.manifest["dataset_files"]) > 300
+    total = sum(m["size"] for m in a.manifest["dataset_files"].values() if m["lfs"])
+    assert size * 0.8 < total < size * 1.5, total
+    c = ensure(size, 8, tmp_path / "a", log=lambda _: None)  # another seed: other bytes, its own folder
+    assert c.root != a.root and c.manifest["dataset_files"][shard]["sha256"] != a.manifest["dataset_files"][shard][
+        "sha256"]
 
 
 def test_bench_unreachable_endpoint_fails_clearly(tmp_path: Path) -> None:
@@ -66,11 +114,12 @@ def test_bench_unreachable_endpoint_fails_clearly(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _has_cuda(), reason="needs torch with a CUDA device")
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_demo_on_gpu_measures_h2d(tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
-    proc = _run("demo", "--max-rows", "500", "--device", "cuda", "--no-direct", "--no-local", "--json", str(out))
+    proc = _run("demo", "--size", "1M", "--max-rows", "500", "--device", "cuda", "--step-ms", "5", "--no-direct",
+                "--no-local", "--data-dir", str(tmp_path / "data"), "--json", str(out), timeout=170)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for p in json.loads(out.read_text())["passes"]:
-        assert p["device"] == "cuda" and p["pinned_memory"] is True
+        assert p["device"] == "cuda" and p["pinned_memory"] is True and p["step_kind"] == "matmul"
         assert p["h2d_bytes"] > 0 and p["h2d_gb_per_s"] > 0

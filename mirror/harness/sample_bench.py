@@ -1,0 +1,47 @@
+"""A self-contained bench (``hf-mirror bench`` without ``--endpoint``, and ``hf-mirror demo``): the generated
+dataset of ``--size`` on disk, the sample Hub serving it, a fresh mirror in front of it for each cold pass, and the
+passes of :func:`mirror.harness.passes.plan_sample_passes` measured one after another."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from mirror.harness import services
+from mirror.harness.bench import run_passes
+from mirror.harness.passes import plan_sample_passes
+from mirror.harness.sample_data import ensure, parse_size
+
+DATASET = "demo/bench-text"
+TOKENIZER = "demo/bench-tokenizer"
+
+
+def run_sample_bench(args: argparse.Namespace) -> dict[str, Any]:
+    size = parse_size(args.size)
+    t = time.perf_counter()
+    data = ensure(size, args.seed, args.data_dir)  # generated once, then read from the cache folder
+    ready_s = time.perf_counter() - t
+    print(f"[bench] dataset {DATASET}: {data.rows:,} rows, {len(data.data_files)} parquet shards, "
+          f"{sum(m['size'] for m in data.manifest['dataset_files'].values()) / 1e6:,.1f} MB in "
+          f"{len(data.manifest['dataset_files'])} files at {data.root} "
+          f"(generated in {data.manifest['generate_s']:.1f}s; ready in {ready_s:.1f}s)", flush=True)
+    args.dataset, args.tokenizer, args.config, args.split, args.text_column = DATASET, TOKENIZER, None, "train", "text"
+    root = Path(tempfile.mkdtemp(prefix="hf-mirror-bench-"))
+    hub = services.sample_hub(root, size=args.size, seed=args.seed, data_dir=args.data_dir)
+    try:
+        print(f"[bench] starting the sample hub at {hub.url}", flush=True)
+        hub.start()
+        specs = plan_sample_passes(args, root, hub.url, data.dataset_dir, data.tokenizer_dir)
+        dataset = {"repo": DATASET, "size": data.manifest["size"], "seed": data.manifest["seed"],
+                   "rows": data.rows, "shards": len(data.data_files), "folder": str(data.root),
+                   "generate_s": data.manifest["generate_s"],
+                   "bytes": sum(m["size"] for m in data.manifest["dataset_files"].values()),
+                   "files": len(data.manifest["dataset_files"])}
+        return run_passes(args, specs, {}, hub=hub.url, extra={"dataset": dataset})
+    finally:
+        hub.stop()
+        shutil.rmtree(root, ignore_errors=True)
