@@ -88,6 +88,7 @@ class ResolveHandler:
                 range_headers.append((b"content-range", f"bytes {start}-{end}/{entry.size}".encode()))
             length = end - start + 1
             if head:
+                await self.service.admit(resolved, caller)  # the admission policy (a GET's is in open_blob)
                 outcome = await self.service.head_outcome(resolved)
                 headers = (file_headers(resolved, outcome) + range_headers
                            + [(b"content-length", str(length).encode())])
