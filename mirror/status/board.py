@@ -48,6 +48,9 @@ class StatusBoard:
         # The snapshot's repos this page may list, computed once per snapshot (a visibility lookup per repo).
         self._listed: tuple[UsageSnapshot | None, list[RepoUsage]] = (None, [])
         self._pins: tuple[float, dict[tuple[str, str], str]] = (0.0, {})
+        # The admission policy's quarantine (mirror.admission): blobs stored, never served, until an operator's
+        # release; None without a policy.
+        self.quarantine: Callable[[], list[dict[str, Any]]] | None = None
 
     async def _listable(self, snap: UsageSnapshot) -> list[RepoUsage]:
         if self._listed[0] is snap:
@@ -129,7 +132,14 @@ class StatusBoard:
             "q": query, "page": number, "pages": pages, "per_page": size, "repos_total": len(listed),
             "repos": repos,
             "history": {"interval": self.history.interval, "points": self.history.series(hours)},
+            **({"quarantine": await self._quarantine()} if self.quarantine is not None else {}),
         }
+
+    async def _quarantine(self) -> list[dict[str, Any]]:
+        assert self.quarantine is not None
+        held = await asyncio.to_thread(self.quarantine)
+        visible = self.visible
+        return held if visible is None else [h for h in held if visible(*str(h.get("repo", ":")).split(":", 1))]
 
     def _outcomes(self) -> dict[str, float]:
         counts: dict[str, float] = {}
