@@ -60,15 +60,12 @@ def state_dict_pickle(tensors: dict[str, tuple[int, ...]]) -> bytes:
 def torch_zip(data_pkl: bytes, storages: list[bytes], *, root: str = "archive",
               extra: dict[str, bytes] | None = None) -> bytes:
     """A ``torch.save`` archive: ``{root}/data.pkl``, ``{root}/data/{i}``, ``{root}/version`` (+ ``extra``)."""
+    members = {"data.pkl": data_pkl, "byteorder": b"little", **{f"data/{i}": d for i, d in enumerate(storages)},
+               "version": b"3\n", **(extra or {})}
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
-        zf.writestr(f"{root}/data.pkl", data_pkl)
-        zf.writestr(f"{root}/byteorder", b"little")
-        for i, data in enumerate(storages):
-            zf.writestr(f"{root}/data/{i}", data)
-        zf.writestr(f"{root}/version", b"3\n")
-        for name, data in (extra or {}).items():
-            zf.writestr(f"{root}/{name}", data)
+        for name, data in members.items():  # a fixed date: the same bytes in every process that builds them
+            zf.writestr(zipfile.ZipInfo(f"{root}/{name}", date_time=(2024, 1, 1, 0, 0, 0)), data)
     return buf.getvalue()
 
 
