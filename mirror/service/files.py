@@ -117,20 +117,12 @@ class FileService(ServiceCore):
             return self.settings.upstream_token
         return caller.token
 
-    async def admit(self, resolved: ResolvedFile, caller: Caller) -> None:
-        """The admission policy on a file's metadata answer (a HEAD): refused (PolicyBlocked, 403) when a rule
-        refuses it with what is known now; a file whose scan is still to come is refused at its first byte."""
-        if self.admission is None:
-            return
-        entry = resolved.entry
-        decision = await self.admission.decide(resolved.repo, entry.commit, entry.path, entry.etag,
-                                               token=caller.token, guard=caller.check)
-        self.admission.enforce(decision, resolved.repo, entry.path, entry.etag)
-
     async def admit_bytes(self, resolved: ResolvedFile, caller: Caller) -> None:
-        """The admission policy before any byte of a file leaves the mirror (resolve GET, the Xet CAS, the sync and
-        the warm): a file to scan, or to quarantine, is stored whole first (never served meanwhile), then scanned
-        and decided; a quarantined blob stays stored and listed until an operator releases its etag."""
+        """The admission policy before any byte of a file leaves the mirror, and on a HEAD (resolve GET and HEAD,
+        the Xet CAS, the sync and the warm): a file to scan, or to quarantine, is stored whole first (never served
+        meanwhile), then scanned and decided; a quarantined blob stays stored and listed until an operator releases
+        its etag. On the HEAD too, so that a client learns the refusal before it takes the Xet path (the HEAD that
+        precedes every download; its GET or reconstruction then finds the verdict known)."""
         gate = self.admission
         if gate is None:
             return
