@@ -100,8 +100,11 @@ def test_each_rule_refuses_what_it_should_and_admits_the_benign(emulator: Emulat
 def test_the_client_sees_an_error_and_the_listing_is_unchanged(strict: MirrorProcess, hf_home: Path) -> None:
     code = f"""
 import json
-from huggingface_hub import hf_hub_download, list_repo_files
-out = {{"files": sorted(list_repo_files({ZOO!r}))}}
+from huggingface_hub import HfApi, hf_hub_download, list_repo_files
+api = HfApi()
+out = {{"files": sorted(list_repo_files({ZOO!r})),
+        "repo_status": api.model_info({ZOO!r}, securityStatus=True).security_repo_status,
+        "file_status": api.get_paths_info({ZOO!r}, ["evil/os_system.bin"], expand=True)[0].security}}
 for path in ("modeling_zoo.py", "evil/os_system.bin", "model.safetensors"):
     try:
         hf_hub_download({ZOO!r}, path)
@@ -114,9 +117,12 @@ print(json.dumps(out))
     before = strict.log().count("/resolve/main/modeling_zoo.py")
     out = run_client(code, strict.url, hf_home)
     assert isinstance(out, dict)
-    print(out)
     assert "modeling_zoo.py" in out["files"] and "evil/os_system.bin" in out["files"]  # metadata stays visible
     assert out["model.safetensors"] == "ok"
+    # The Hub's scan fields, as huggingface_hub reads them (through the mirror, from the emulator).
+    assert out["repo_status"]["scansDone"] is True
+    assert {"path": "evil/os_system.bin", "level": "unsafe"} in out["repo_status"]["filesWithIssues"]
+    assert out["file_status"]["status"] == "unsafe"
     for path, rule in (("modeling_zoo.py", "file-type"), ("evil/os_system.bin", "hub-scan-unsafe")):
         outer, cause, message = out[path]
         assert cause == "HfHubHTTPError" and "403" in message and f"rule {rule}" in message, out[path]

@@ -423,7 +423,11 @@ class Emulator:
                 for e in entries:
                     if e["type"] == "file":
                         level = repo.security.get(e["path"], "safe") if repo.scans_done else "unscanned"
-                        e["securityFileStatus"] = {"status": level, "avScan": {"virusFound": False}}
+                        # The keys huggingface_hub's RepoFile reads (status, avScan, pickleImportScan).
+                        e["securityFileStatus"] = {
+                            "status": level, "avScan": {"virusFound": False, "virusNames": None},
+                            "pickleImportScan": {"highestSafetyLevel": "dangerous" if level == "unsafe"
+                                                 else "innocuous", "imports": []}}
             return json_response(entries)
         if action == "commits":
             return json_response([{"id": commit.sha, "title": commit.title, "message": "", "authors": [],
