@@ -186,6 +186,22 @@ def test_offline_answers_hold_the_policy(emulator: EmulatorHandle, strict: Mirro
         assert got.content == emulator.files.file_bytes("model", ZOO, "main", "pytorch_model.bin")
 
 
+def test_stale_answers_hold_the_policy(emulator: EmulatorHandle, strict: MirrorProcess) -> None:
+    # The Hub down, the branch's commit past its TTL: the cached files are served stale, and held to the policy.
+    env = {"HF_MIRROR_UPSTREAM_RETRIES": "0"}
+    with MirrorProcess(emulator.url, strict.cache_dir, *STRICT, "--revision-ttl", "0", env=env) as stale:
+        emulator.set_faults(down=True)
+        try:
+            got = httpx.get(url(stale, ZOO, "pytorch_model.bin"), timeout=60)
+            assert got.status_code == 200 and got.headers["x-mirror-cache"] == "stale", got.headers
+            assert_refused(httpx.get(url(stale, ZOO, "evil/hidden.pth"), timeout=60), "mirror-scan",
+                           "evil/hidden.pth")
+            assert_refused(httpx.get(url(stale, ZOO, "modeling_zoo.py"), timeout=60), "file-type",
+                           "modeling_zoo.py")
+        finally:
+            emulator.clear_faults()
+
+
 def test_no_policy_dry_run_then_policy_on_blobs_already_cached(emulator: EmulatorHandle, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     paths = ("evil/os_system_p0.pkl", "modeling_zoo.py")
