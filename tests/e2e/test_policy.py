@@ -126,6 +126,8 @@ print(json.dumps(out))
     for path, rule in (("modeling_zoo.py", "file-type"), ("evil/os_system.bin", "hub-scan-unsafe")):
         outer, cause, message = out[path]
         assert cause == "HfHubHTTPError" and "403" in message and f"rule {rule}" in message, out[path]
+    # The client is done: every request it sent is in the access log once the log catches up (one, no retry).
+    wait_for(lambda: strict.log().count("/resolve/main/modeling_zoo.py") > before)
     assert strict.log().count("/resolve/main/modeling_zoo.py") == before + 1, "one refusal, no retry"
 
 
