@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,46 @@ _MAX_DEPTH = 3  # zips inside zips inside zips; deeper is refused, not followed
 _MAGIC_NUMPY = b"\x93NUMPY"
 
 
+_MAX_LINE = 1024 * 1024  # a protocol 0 argument line longer than this is not scanned: the file fails
+
+
+class _Bounded(io.RawIOBase):
+    """A stream as the pickle disassembler reads it, with two bounds: a read past the end fails at once (the
+    unpickler could not read it either, so no pickle loads from there; without this, a length field in tensor bytes
+    would make the scan read a whole member into memory), and an argument line longer than ``_MAX_LINE`` is noted
+    (``overlong``) so that the file fails rather than passes unscanned."""
+
+    def __init__(self, raw: IO[bytes], size: int) -> None:
+        super().__init__()
+        self.raw = raw
+        self.size = size
+        self.overlong = False
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.raw.seek(offset, whence)
+
+    def read(self, n: int = -1) -> bytes:
+        if n is not None and n > 64 and n > self.size - self.raw.tell():  # a length field, not an opcode's bytes
+            raise ValueError("a read past the end of the stream")
+        return self.raw.read(n)
+
+    def readline(self, limit: int | None = -1) -> bytes:
+        line = self.raw.readline(_MAX_LINE)
+        if len(line) >= _MAX_LINE and not line.endswith(b"\n"):
+            self.overlong = True
+            raise ValueError("an argument line too long to scan")
+        return line
+
+
 @dataclass(frozen=True)
 class ScanVerdict:
     """``passed``: every pickle found names only allowed globals. ``findings``: what failed, e.g.
@@ -72,17 +113,21 @@ class _Scan:
         self.findings: list[str] = []
         self.pickles = 0
 
-    def stream(self, data: IO[bytes], where: str, *, must_parse: bool) -> None:
-        """One byte stream: a zip (read member by member), numpy's format, or pickles."""
+    def stream(self, data: IO[bytes], where: str, size: int, *, must_parse: bool) -> None:
+        """One byte stream of ``size`` bytes: a zip (read member by member), numpy's format, or pickles."""
         head = data.read(8)
         data.seek(0)
         if head.startswith(b"PK") and not where:
             self.archive(data, where, 1)
             return
+        bounded = _Bounded(data, size)
         if head.startswith(_MAGIC_NUMPY):
-            self.judge(scan_numpy(data, where), where, must_parse=must_parse)
-            return
-        self.judge(scan_pickle_bytes(data, where), where, must_parse=must_parse)
+            result = scan_numpy(bounded, where)  # type: ignore[arg-type]
+        else:
+            result = scan_pickle_bytes(bounded, where)  # type: ignore[arg-type]
+        if bounded.overlong:
+            self.findings.append(f"{where or 'file'}: a pickle argument line over {_MAX_LINE} bytes (not scanned)")
+        self.judge(result, where, must_parse=must_parse)
 
     def archive(self, data: IO[bytes], where: str, depth: int) -> None:
         if depth > _MAX_DEPTH:
@@ -102,7 +147,7 @@ class _Scan:
                             self.archive(io.BytesIO(member.read()), name, depth + 1)
                         else:
                             member.seek(0)
-                            self.stream(member, name, must_parse=False)
+                            self.stream(member, name, info.file_size, must_parse=False)
         except (zipfile.BadZipFile, RuntimeError, NotImplementedError, OSError) as exc:
             self.findings.append(f"{where or 'zip'}: unreadable zip ({exc})")
 
@@ -121,7 +166,7 @@ class _Scan:
 
 def scan_bytes(data: bytes, *, extra_globals: tuple[str, ...] = ()) -> ScanVerdict:
     scan = _Scan(SAFE_GLOBALS | frozenset(extra_globals))
-    scan.stream(io.BytesIO(data), "", must_parse=False)
+    scan.stream(io.BytesIO(data), "", len(data), must_parse=False)
     return ScanVerdict(not scan.findings, tuple(scan.findings), scan.pickles)
 
 
@@ -130,7 +175,7 @@ def scan_file(path: Path | str, *, extra_globals: tuple[str, ...] = ()) -> ScanV
     scan = _Scan(SAFE_GLOBALS | frozenset(extra_globals))
     try:
         with open(path, "rb") as f:
-            scan.stream(f, "", must_parse=False)
+            scan.stream(f, "", os.fstat(f.fileno()).st_size, must_parse=False)
     except Exception as exc:  # noqa: BLE001 - a file the scanner cannot read is not known safe: it fails
         log.warning("scan of %s failed: %s", path, exc)
         scan.findings.append(f"scan failed: {type(exc).__name__}: {exc}")

@@ -46,6 +46,14 @@ def test_formats_without_pickles_pass_and_an_unknown_global_fails() -> None:
     assert "builtins.exec" in scan_bytes(nested).summary
 
 
+def test_the_scan_is_bounded_and_fails_closed() -> None:
+    # A length field in tensor bytes past the end: no pickle loads from there, and nothing is read into memory.
+    assert scan_bytes(b"\x8e" + struct.pack("<Q", 2**40) + bytes(1000)).passed
+    # A protocol 0 argument line too long to scan, hiding a payload behind it: the file fails.
+    hidden = b"S'" + b"a" * (2 * 1024 * 1024) + b"'\n0cposix\nsystem\n(S'id'\ntR."
+    assert "not scanned" in scan_bytes(hidden).summary
+
+
 def test_rules_in_order_and_their_cases() -> None:
     rules = Rules(allow_publishers=("acme", "dataset:hf*"), allow_licenses=("mit", "apache-2.0"),
                   license_other="quarantine", block_files=("*.py",), scan=True)
