@@ -5,7 +5,8 @@ The house, in layers; a module imports only from its own layer or the ones above
 
     values and the wire contract  config, errors, hf, routetable, integrity, metrics, logs, asgi   (no I/O)
     adapters                      index (the one key schema), storage/ (local, s3/), upstream/ (the Hub client)
-    policy                        access, auth, fill/, service/, viewer, parquet_info, xet/  (no web framework, no HTTP)
+    policy                        access, admission/, auth, fill/, service/, viewer, parquet_info, xet/
+                                  (no web framework, no HTTP)
     edges                         routes/, sync/, cache/, status/   (turn policy into bytes, runs, reports)
     the one wiring                parts (build_parts: every part from Settings), app (ASGI), front (a path prefix),
                                   server (uvicorn)

@@ -97,6 +97,8 @@ class Mirror:
         self.history = StatusHistory(metrics)
         self.board = StatusBoard(self.cache, settings, self.upstream, self.fills, self.history, visible=visible,
                                  warm_jobs=self.warm_jobs)
+        if self.parts.admission is not None:  # the quarantine on the status JSON (issue 27)
+            self.board.quarantine = self.parts.admission.quarantined
         self.repo_actions = ops.RepoActions(self.cache, confirm=self.service.confirm_content,
                                             body_timeout=settings.header_timeout, on_change=self.board.forget_pins)
 

@@ -111,6 +111,7 @@ UserPath = Annotated[Path, AfterValidator(lambda path: path.expanduser())]
 OptionalPath = Annotated[UserPath | None, BeforeValidator(lambda value: value or None)]
 Items = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_items), AfterValidator(_strip_items)]
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
+PolicyAction = Literal["allow", "block", "quarantine"]
 
 # What the sources of one build read besides the keyword arguments: the TOML file, and whether HF_TOKEN counts.
 _BUILD: ContextVar[tuple[Path | None, bool]] = ContextVar("settings_build", default=(None, False))
@@ -249,6 +250,37 @@ class Settings(BaseSettings):
     ssl_keyfile: OptionalPath = None
     # Graceful shutdown bound (seconds) for fills in flight.
     shutdown_grace: float = 20.0
+    # The admission policy (issue 27; mirror.admission): what the mirror lets through to callers, per file. The
+    # TOML file's ``[policy]`` table holds these without the prefix (``dry_run = true``); env HF_MIRROR_POLICY_*.
+    # Nothing set: every file is admitted, as before. Actions: "allow", "block" (refused, never fetched) or
+    # "quarantine" (fetched and stored, refused until an operator releases its etag).
+    policy_dry_run: Flag = False  # log what would be refused, serve it anyway
+    # The Hub's own scan: securityRepoStatus (model info ?securityStatus=true) and per-file securityFileStatus
+    # (paths-info expand=true). "unscanned": scansDone false (an empty issue list means nothing then), or no
+    # verdict could be learned (upstream down and none remembered).
+    policy_hub_unsafe: PolicyAction = "allow"
+    policy_hub_caution: PolicyAction = "allow"
+    policy_hub_unscanned: PolicyAction = "allow"
+    # File names (fnmatch globs on the base name, or on the whole path when the glob has a "/"): when
+    # ``policy_allow_files`` is set only matching files pass; ``policy_block_files`` always refuses.
+    policy_allow_files: Items = ()
+    policy_block_files: Items = ()
+    # Licences of cardData.license (an SPDX expression; "a OR b" passes when one side does). Missing or "unknown",
+    # and "other", are their own cases.
+    policy_allow_licenses: Items = ()
+    policy_deny_licenses: Items = ()
+    policy_license_unknown: PolicyAction = "allow"
+    policy_license_other: PolicyAction = "allow"
+    # Publishers: namespaces (``acme``), optionally per repo type (``dataset:acme``), ``*`` for any.
+    policy_allow_publishers: Items = ()
+    policy_deny_publishers: Items = ()
+    # The mirror's own scan of pickle-class files (and anything that is a zip or a pickle inside) before their
+    # first serve: only known-safe globals pass; a file that fails is quarantined. Extra globals the scan admits
+    # (``module.name``), e.g. a team's own classes.
+    policy_scan: Flag = False
+    policy_scan_allow_globals: Items = ()
+    # Seconds the Hub's verdict and licence of a commit are trusted before they are asked again (the Hub rescans).
+    policy_facts_ttl: float = Field(3600.0, ge=0)
 
     def __init__(self, _config_file: Path | None = None, _hf_token_env: bool = False, **values: Any) -> None:
         build = _BUILD.set((_config_file, _hf_token_env))
@@ -317,6 +349,12 @@ class Settings(BaseSettings):
         return redact_url(self.upstream)
 
     @property
+    def policy_active(self) -> bool:
+        """Any admission rule configured (mirror.admission): without one the mirror admits every file, unchanged."""
+        return any(getattr(self, name) != field.default for name, field in type(self).model_fields.items()
+                   if name.startswith("policy_") and name not in ("policy_dry_run", "policy_facts_ttl"))
+
+    @property
     def auth_required(self) -> bool:
         """Mirror-side access control is on when a tokens file or a JWT key is configured."""
         return bool(self.auth_tokens_file or self.jwt_secret or self.jwt_public_key_file)
@@ -346,7 +384,12 @@ class _TomlSource(TomlConfigSettingsSource):
             data = super()._read_file(file_path)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {file_path} is not valid TOML: {exc}") from exc
-        data = data.get("mirror", data)
+        policy = data.pop("policy", None)
+        data = dict(data.get("mirror", data))
+        if isinstance(policy, dict):  # the [policy] table: its keys are the policy_* settings without the prefix
+            data.update({f"policy_{key}": value for key, value in policy.items()})
+        elif policy is not None:
+            raise ConfigError(f"[policy] in {file_path} must be a table")
         unknown = sorted(set(data) - set(Settings.model_fields))
         if unknown:
             raise ConfigError(f"unknown setting(s) in {file_path}: {', '.join(unknown)}")

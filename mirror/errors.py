@@ -10,6 +10,7 @@
     ├── TooLarge                     413  a request over a size cap (a warm over --warm-max-bytes)
     ├── RetryLater                   429/503 a bound reached (a caller's rate, a full queue); carries ``Retry-After``
     ├── AccessDenied                 401/403 mirror-side access control and allow/deny lists
+    ├── PolicyBlocked                403  the admission policy refuses the file (names the rule and the file)
     ├── HubError                     any status: an error the Hub itself answered (code/message passed through)
     │   ├── RepoNotFound             404
     │   ├── RevisionNotFound         404
@@ -100,6 +101,20 @@ class AccessDenied(MirrorError):
         super().__init__(message)
         self.status = status
         self.code = code
+
+
+class PolicyBlocked(MirrorError):
+    """The admission policy (mirror.admission) refuses a file's bytes: a 403 whose code no client retries (the Hub's
+    clients retry 429 and 5xx only) and whose message names the rule and the file."""
+
+    status = 403
+    code = "PolicyBlocked"
+
+    def __init__(self, message: str, *, rule: str, path: str, quarantined: bool = False) -> None:
+        super().__init__(message)
+        self.rule = rule
+        self.path = path
+        self.quarantined = quarantined
 
 
 class HubError(MirrorError):

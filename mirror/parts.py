@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mirror.access import AccessPolicy
+from mirror.admission import AdmissionGate, Ledger, Rules
 from mirror.cache import CacheManager, Scrubber
 from mirror.config import Settings
 from mirror.fill import FillManager
@@ -38,6 +39,7 @@ class Parts:
     cache: CacheManager
     service: MirrorService
     scrubber: Scrubber
+    admission: AdmissionGate | None = None  # the admission policy; None when no rule is configured
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, repr=False, compare=False)
 
     async def open(self) -> None:
@@ -68,6 +70,8 @@ class Parts:
         if closer is not None:  # gives back the fill leases this node still holds, then the connections
             await closer()
         self.index.close()
+        if self.admission is not None:
+            self.admission.ledger.close()
 
 
 def build_parts(settings: Settings, metrics: Metrics | None = None, *,
@@ -91,12 +95,14 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
                          root=settings.cache_dir, min_free_space=settings.min_free_space or 0,
                          evicts_for_disk=settings.storage == "local")
     scrubber = Scrubber(store, metrics, is_busy=busy)
+    admission = (AdmissionGate(Rules.from_settings(settings), Ledger(settings.cache_dir), upstream,
+                               offline=settings.offline) if settings.policy_active else None)
     service = MirrorService(settings, index, store, upstream, fills, access, metrics, make_room=cache.make_room,
-                            on_hit=scrubber.suspect if settings.scrub_rate else None)
+                            on_hit=scrubber.suspect if settings.scrub_rate else None, admission=admission)
     fills.on_commit.append(lambda spec: scrubber.verified(spec.etag))  # a fill verified it: no first-hit re-hash
     # The status page and /metrics count the new blob at once.
     fills.on_commit.append(lambda spec: cache.committed(spec.repo, spec.commit, spec.etag, spec.size))
-    return Parts(settings, metrics, store, index, upstream, fills, access, cache, service, scrubber)
+    return Parts(settings, metrics, store, index, upstream, fills, access, cache, service, scrubber, admission)
 
 
 def _busy(store: BlobStore, fills: FillManager) -> Callable[[str], bool]:

@@ -32,6 +32,11 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
     "xet": ("serve_xet", "xet_token_ttl", "xet_signing_secret"),
     "fleet (storage s3)": ("storage", "s3_endpoint", "s3_bucket", "s3_prefix", "s3_region", "hot_tier_max_size",
                            "lease_stale_seconds", "node_url"),
+    "admission policy": ("policy_dry_run", "policy_scan", "policy_scan_allow_globals", "policy_hub_unsafe",
+                         "policy_hub_caution", "policy_hub_unscanned", "policy_allow_files", "policy_block_files",
+                         "policy_allow_licenses", "policy_deny_licenses", "policy_license_unknown",
+                         "policy_license_other", "policy_allow_publishers", "policy_deny_publishers",
+                         "policy_facts_ttl"),
     "logs": ("log_format", "log_level"),
 }
 _GROUP_OF = {dest: title for title, dests in SETTING_GROUPS.items() for dest in dests}
@@ -40,6 +45,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...] | None] = {
     "serve": None,  # every group
     "sync": ("settings file", "cache and quota", "upstream", "fills and bandwidth", "fleet (storage s3)", "logs"),
     "cache": ("settings file", "cache and quota", "fleet (storage s3)", "logs"),
+    "policy": ("settings file", "cache and quota", "upstream", "admission policy", "logs"),
 }
 
 
@@ -148,6 +154,27 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
         "unset: refused, use hf-mirror cache on the host")
     add("--allow-repos", help="comma-separated patterns, e.g. 'model:meta-llama/*,dataset:*'")
     add("--deny-repos", help="comma-separated patterns, e.g. 'space:*'")
+    # The admission policy (issue 27): also the [policy] table of --config, without the policy_ prefix.
+    actions = ("allow", "block", "quarantine")
+    add("--policy-dry-run", action="store_true", default=None,
+        help="log what the admission policy would refuse, and serve it anyway")
+    add("--policy-scan", action="store_true", default=None,
+        help="scan pickle-class files before their first serve (allowlist-first); a failed file is quarantined")
+    add("--policy-scan-allow-globals", help="extra globals the scan admits, comma-separated module.name")
+    add("--policy-hub-unsafe", choices=actions, help="files the Hub's scan marks unsafe (default allow)")
+    add("--policy-hub-caution", choices=actions, help="files the Hub's scan marks caution (default allow)")
+    add("--policy-hub-unscanned", choices=actions,
+        help="repos the Hub has not scanned yet, or whose verdict is unknown (default allow)")
+    add("--policy-allow-files", help="only files matching these globs pass, e.g. '*.safetensors,*.gguf,*.json'")
+    add("--policy-block-files", help="files matching these globs are refused, e.g. '*.bin,*.pt,*.pkl,*.py'")
+    add("--policy-allow-licenses", help="only these licences (cardData.license) pass, e.g. 'mit,apache-2.0'")
+    add("--policy-deny-licenses", help="these licences are refused, e.g. 'gpl-3.0,agpl-3.0'")
+    add("--policy-license-unknown", choices=actions, help="repos whose card declares no licence (default allow)")
+    add("--policy-license-other", choices=actions, help="repos whose licence is 'other' (default allow)")
+    add("--policy-allow-publishers", help="only these namespaces pass, e.g. 'acme,dataset:HuggingFaceFW'")
+    add("--policy-deny-publishers", help="these namespaces are refused, e.g. 'model:evil-org'")
+    add("--policy-facts-ttl", type=float, help="seconds the Hub's verdict and licence of a commit are trusted "
+        "(default 3600)")
 
 
 def settings_flags(*, suppress_defaults: bool = False, command: str = "serve") -> argparse.ArgumentParser:

@@ -88,6 +88,8 @@ class ResolveHandler:
                 range_headers.append((b"content-range", f"bytes {start}-{end}/{entry.size}".encode()))
             length = end - start + 1
             if head:
+                if self.service.admission is not None:  # the admission policy (a GET's: in open_blob)
+                    await self.service.admit_bytes(resolved, caller)
                 outcome = await self.service.head_outcome(resolved)
                 headers = (file_headers(resolved, outcome) + range_headers
                            + [(b"content-length", str(length).encode())])

@@ -9,6 +9,7 @@ from typing import Any
 
 from mirror import hf
 from mirror.access import AccessPolicy, Caller, offline_refusal
+from mirror.admission import AdmissionGate
 from mirror.config import Settings
 from mirror.errors import MirrorError, UpstreamUnavailable
 from mirror.fill import FillManager
@@ -22,7 +23,7 @@ class ServiceCore:
     def __init__(self, settings: Settings, index: MetadataIndex, store: BlobStore, upstream: UpstreamClient,
                  fills: FillManager, access: AccessPolicy, metrics: Metrics,
                  make_room: Callable[[int, int], Awaitable[bool]] | None = None,
-                 on_hit: Callable[[str], None] | None = None) -> None:
+                 on_hit: Callable[[str], None] | None = None, admission: AdmissionGate | None = None) -> None:
         self.settings = settings
         self.index = index
         self.store = store
@@ -32,6 +33,7 @@ class ServiceCore:
         self.metrics = metrics
         self.make_room = make_room
         self.on_hit = on_hit  # a stored blob was served: the scrub checks it (once per file, in the background)
+        self.admission = admission  # the admission policy (mirror.admission); None: every file admitted
         self._probes: dict[tuple[str, str, str], asyncio.Future[object]] = {}  # access probes in flight (files)
         self._visibility: dict[str, asyncio.Future[None]] = {}  # learn_visibility's questions in flight
         # Upstream's Xet hashes (mirror.xet.XetCatalog), set by the app when it serves Xet: learned from upstream's

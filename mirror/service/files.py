@@ -144,6 +144,39 @@ class FileService(ServiceCore):
             return self.settings.upstream_token
         return caller.token
 
+    async def admit_bytes(self, resolved: ResolvedFile, caller: Caller) -> None:
+        """The admission policy before any byte of a file leaves the mirror, and on a HEAD (resolve GET and HEAD,
+        the Xet CAS, the sync and the warm): a file to scan, or to quarantine, is stored whole first (never served
+        meanwhile), then scanned and decided; a quarantined blob stays stored and listed until an operator releases
+        its etag. On the HEAD too, so that a client learns the refusal before it takes the Xet path (the HEAD that
+        precedes every download; its GET or reconstruction then finds the verdict known)."""
+        gate = self.admission
+        if gate is None:
+            return
+        repo, entry = resolved.repo, resolved.entry
+        decision = await gate.decide(repo, entry.commit, entry.path, entry.etag, token=caller.token,
+                                     guard=caller.check)
+        if decision.action in ("scan", "quarantine"):
+            blob = await self._stored(resolved, caller)
+            if decision.action == "scan":
+                await gate.scan(entry.etag, blob)
+                decision = await gate.decide(repo, entry.commit, entry.path, entry.etag, token=caller.token,
+                                             guard=caller.check)
+            gate.hold(decision, repo, entry.commit, entry.path, entry.etag)
+        gate.enforce(decision, repo, entry.path, entry.etag)
+
+    async def _stored(self, resolved: ResolvedFile, caller: Caller) -> str:
+        """The blob's path on this disk, fetched whole first when it is not there (a scan reads every byte)."""
+        entry = resolved.entry
+        path = self.store.cached_path(entry.etag)
+        if path is not None:
+            return str(path)
+        if self.settings.offline and await self.store.stat(entry.etag) is None:
+            raise OfflineMiss(f"{entry.path} is not cached and the mirror is offline")
+        spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
+                        token=self.fill_token(resolved, caller), cdn_url=resolved.cdn_url, detached=True)
+        return str(await self.fills.fetch(spec))
+
     async def head_outcome(self, resolved: ResolvedFile) -> Outcome:
         """The outcome a HEAD reports: a hit only when the blob is stored, on this disk (one stat) or else in the
         shared store; a miss when only its metadata is known, or when the shared store is down."""
@@ -159,6 +192,8 @@ class FileService(ServiceCore):
                         detached: bool = False) -> BlobSource:
         """Where the bytes ``start..end`` of the file come from: its file on this disk, the fill producing it (from
         upstream, or from a remote store), or upstream directly (no disk room; a Range far beyond the fill)."""
+        if self.admission is not None:
+            await self.admit_bytes(resolved, caller)
         entry = resolved.entry
         stale = resolved.outcome is _STALE
         path = self.store.cached_path(entry.etag)

@@ -86,6 +86,9 @@ class StatusBoard:
         self._disk: tuple[float, dict[str, Any]] = (0.0, {})
         # Per token digest: the repos listed to it besides the public ones (see _with_confirmed).
         self._confirmed_lists: dict[str, tuple[UsageSnapshot, float, list[RepoUsage]]] = {}
+        # The admission policy's quarantine (mirror.admission): blobs stored, never served, until an operator's
+        # release; None without a policy.
+        self.quarantine: Callable[[], list[dict[str, Any]]] | None = None
 
     async def _listable(self, snap: UsageSnapshot) -> list[RepoUsage]:
         if self._listed[0] is snap:
@@ -265,6 +268,7 @@ class StatusBoard:
             "repos_hidden": hidden,
             "repos": repos,
             "history": {"interval": self.history.interval, "points": self.history.series(hours)},
+            **({"quarantine": await self._quarantine()} if self.quarantine is not None else {}),
         }
 
     def _lister(self, listed: list[RepoUsage], *, visible: Visible | None, operator: bool,
@@ -355,6 +359,12 @@ class StatusBoard:
                 if entry is not None:
                     refs[key[3]] = entry.commit
         return files, refs, len(entries)
+
+    async def _quarantine(self) -> list[dict[str, Any]]:
+        assert self.quarantine is not None
+        held = await asyncio.to_thread(self.quarantine)
+        visible = self.visible
+        return held if visible is None else [h for h in held if visible(*str(h.get("repo", ":")).split(":", 1))]
 
     def _outcomes(self) -> dict[str, float]:
         counts: dict[str, float] = {}

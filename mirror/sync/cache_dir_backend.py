@@ -26,7 +26,8 @@ from mirror.config import Settings
 from mirror.errors import MirrorError
 from mirror.fill import Fill, FillManager, FillSpec
 from mirror.index import ApiEntry, FileEntry, api_query_key, api_route_key
-from mirror.service.answers import ApiResult
+from mirror.metrics import Outcome
+from mirror.service.answers import ApiResult, ResolvedFile
 from mirror.sync.backend import CacheParts
 from mirror.sync.jobs import RemoteFile, RevisionJob, tree_files
 from mirror.sync.listings import LS_QUERY, PROBED_PATHS, TREE_QUERY, listing_pages, next_query
@@ -210,6 +211,9 @@ class CacheDirBackend:
 
     async def fetch(self, job: RevisionJob, item: RemoteFile, progress: Callable[[int], None]) -> int | None:
         assert job.commit is not None
+        if self.service.admission is not None:  # the admission policy: a refused file is not fetched (or is held)
+            entry = FileEntry(job.commit, item.path, item.etag, item.size, lfs=item.lfs)
+            await self.service.admit_bytes(ResolvedFile(job.spec.repo, entry, Outcome.MISS), self._caller(job))
         spec = FillSpec(job.spec.repo, job.commit, item.path, item.etag, item.size, token=job.token, detached=True)
         task = asyncio.create_task(self.fills.fetch(spec))
         try:

@@ -162,7 +162,7 @@ def test_no_function_local_imports_of_the_project() -> None:
 # --- layers: routes send what the service decided; policy speaks no HTTP ---------------------------------------------
 
 ROUTES = "mirror.routes"
-POLICY = ("mirror.service", "mirror.access", "mirror.fill")  # and their submodules
+POLICY = ("mirror.service", "mirror.access", "mirror.fill", "mirror.admission")  # and their submodules
 WEB_AND_HTTP = ("fastapi", "starlette", "uvicorn", "httpx", "urllib3", "h11", "httptools")
 # Clients of HTTP in their own right (a mirror's API over HTTP, a benchmark driver, the demo): beside the server's
 # layers, not under them. Inside the server, only the upstream adapter speaks HTTP to others.
@@ -225,8 +225,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("values and the wire contract", ("mirror.config", "mirror.errors", "mirror.hf", "mirror.integrity",
                                       "mirror.metrics", "mirror.logs", "mirror.asgi", "mirror.routetable")),
     ("adapters", ("mirror.index", "mirror.storage", "mirror.upstream")),
-    ("policy", ("mirror.access", "mirror.auth", "mirror.fill", "mirror.service", "mirror.viewer", "mirror.parquet_info",
-                "mirror.xet")),
+    ("policy", ("mirror.access", "mirror.admission", "mirror.auth", "mirror.fill", "mirror.service", "mirror.viewer",
+                "mirror.parquet_info", "mirror.xet")),
     ("edges", ("mirror.routes", "mirror.sync", "mirror.cache", "mirror.status")),
     ("the one wiring", ("mirror.parts", "mirror.app", "mirror.front", "mirror.server")),
     ("the CLI", ("mirror.cli", "mirror.__main__")),

@@ -83,6 +83,9 @@ class XetCas:
         file = await self.finder.file(repo, str(claims.get("c", "")), file_hash.lower(), caller)
         if file is None:  # not a file of the token's repo (another repo's hash reads nothing)
             raise HubError(404, "EntryNotFound", "No such file in the repo this Xet token is for")
+        # The admission policy, by hash as by name (its xorbs are held to it again: open_blob).
+        await self.service.admit_bytes(ResolvedFile(repo, FileEntry(file.commit, file.path, file.etag, file.size,
+                                                                    lfs=True), Outcome.HIT), caller)
         if file.size == 0:
             data = xorb.reconstruction(file_hash, 0, 0, 0, str, version)
         else:

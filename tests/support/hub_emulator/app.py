@@ -414,7 +414,13 @@ class Emulator:
         if action in ("", "revision"):
             commit = self.commit(repo, unquote(args[0]) if args else "main")
             blobs = query.get("blobs", ["false"])[0].lower() == "true"
-            return json_response(self.info(repo, commit, blobs))
+            info = self.info(repo, commit, blobs)
+            if query.get("securityStatus", ["false"])[0].lower() == "true":  # model_info(securityStatus=True)
+                info["securityRepoStatus"] = {
+                    "scansDone": repo.scans_done,
+                    "filesWithIssues": [{"path": p, "level": level} for p, level in sorted(repo.security.items())
+                                        if repo.scans_done and p in commit.files and level in ("unsafe", "caution")]}
+            return json_response(info)
         if not args:
             return hub_error(404, None, "Not Found")
         commit = self.commit(repo, unquote(args[0]))
@@ -424,6 +430,15 @@ class Emulator:
         if action == "paths-info" and method == "POST":
             paths = self.paths_from_body(body, headers)
             entries = [e for p in paths if (e := self.entry(commit, p.strip("/"))) is not None]
+            if self.expand_from_body(body, headers):  # the Hub's per-file scan (RepoFile.security)
+                for e in entries:
+                    if e["type"] == "file":
+                        level = repo.security.get(e["path"], "safe") if repo.scans_done else "unscanned"
+                        # The keys huggingface_hub's RepoFile reads (status, avScan, pickleImportScan).
+                        e["securityFileStatus"] = {
+                            "status": level, "avScan": {"virusFound": False, "virusNames": None},
+                            "pickleImportScan": {"highestSafetyLevel": "dangerous" if level == "unsafe"
+                                                 else "innocuous", "imports": []}}
             return json_response(entries)
         if action == "commits":
             return json_response([{"id": commit.sha, "title": commit.title, "message": "", "authors": [],
@@ -480,6 +495,12 @@ class Emulator:
             return list(json.loads(body or b"{}").get("paths", []))
         return parse_qs(body.decode(), keep_blank_values=True).get("paths", [])
 
+    @staticmethod
+    def expand_from_body(body: bytes, headers: Headers) -> bool:
+        if headers.get("content-type", "").startswith("application/json"):
+            return bool(json.loads(body or b"{}").get("expand"))
+        return parse_qs(body.decode()).get("expand", ["false"])[0].lower() == "true"
+
     def info(self, repo: Repo, commit: Commit, blobs: bool) -> dict[str, Any]:
         siblings = []
         for path, file in sorted(commit.files.items()):
@@ -493,7 +514,13 @@ class Emulator:
                 "private": repo.private, "gated": "manual" if repo.gated else False, "disabled": False,
                 "downloads": 7, "likes": 1, "tags": [], "lastModified": LAST_MODIFIED, "createdAt": CREATED_AT,
                 "siblings": siblings, "usedStorage": sum(f.size for f in commit.files.values()),
-                **({"cardData": {"license": "mit"}} if "README.md" in commit.files else {})}
+                **self.card(repo, commit)}
+
+    @staticmethod
+    def card(repo: Repo, commit: Commit) -> dict[str, Any]:
+        if repo.card_license is not None:
+            return {"cardData": {"license": repo.card_license}} if repo.card_license else {"cardData": {}}
+        return {"cardData": {"license": "mit"}} if "README.md" in commit.files else {}
 
     def refs(self, repo: Repo, include_prs: bool) -> dict[str, Any]:
         def ref(kind: str, name: str, sha: str) -> dict[str, str]:

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support import pickle_samples
+
 LAST_MODIFIED = "2024-05-01T12:00:00.000Z"
 CREATED_AT = "2023-01-01T00:00:00.000Z"
 GOOD_TOKEN = "hf_good_token"  # may read every repo, gated and private included
@@ -138,6 +140,12 @@ class Repo:
     prs: dict[str, str] = field(default_factory=dict)  # "refs/pr/1" -> sha
     converts: dict[str, str] = field(default_factory=dict)  # "parquet" -> sha (refs/convert/parquet)
     hub_tags: list[str] = field(default_factory=list)  # what the list API's ``filter=`` matches (library, license...)
+    # The Hub's scan (securityRepoStatus / securityFileStatus): path -> level ("unsafe", "caution"; others are
+    # "safe"), and whether the scans are done ("not scanned yet" otherwise). ``card_license``: cardData.license
+    # ("" for a card without one; None: "mit" when the repo has a README, as before).
+    security: dict[str, str] = field(default_factory=dict)
+    scans_done: bool = True
+    card_license: str | None = None
 
     def add_commit(self, files: dict[str, RepoFile], title: str) -> Commit:
         digest = hashlib.sha1(f"{self.repo_type}/{self.repo_id}/{len(self.commits)}/{title}".encode())
@@ -391,11 +399,35 @@ def build_repos(workdir: Path, big_file_size: int, huge_file_size: int = 0) -> d
                                   "huge.bin": generated_file("huge.bin", huge_file_size)}, "init")
         huge.branches["main"] = commit.sha
 
+    # The admission policy's samples (tests/support/pickle_samples.py): benign torch.save state dicts, malicious
+    # pickles, safetensors, gguf, code; the Hub's scan marks two of them.
+    benign, malicious = pickle_samples.samples()
+    zoo_files = {"README.md": b"---\nlicense: mit\n---\n# pickle zoo\n", "config.json": b'{"model_type": "bert"}',
+                 "model.safetensors": pickle_samples.safetensors_file(), "model.gguf": pickle_samples.gguf_file(),
+                 "modeling_zoo.py": b"print('remote code')\n", **benign, **malicious}
+    zoo = add(Repo("model", "acme/pickle-zoo", security={"evil/os_system.bin": "unsafe", "evil/exec.pt": "caution"}))
+    commit = zoo.add_commit({p: make_file(p, d, lfs=_weights(p)) for p, d in zoo_files.items()}, "init")
+    zoo.branches["main"] = commit.sha
+    fresh = add(Repo("model", "acme/fresh-upload", scans_done=False, card_license=""))
+    commit = fresh.add_commit({"README.md": make_file("README.md", b"# fresh\n"),
+                               "model.safetensors": make_file("model.safetensors", _safetensors(64, seed=9), lfs=True)},
+                              "init")
+    fresh.branches["main"] = commit.sha
+    copyleft = add(Repo("model", "gplco/copyleft-model", card_license="gpl-3.0"))
+    commit = copyleft.add_commit({"README.md": make_file("README.md", b"---\nlicense: gpl-3.0\n---\n"),
+                                  "model.safetensors": make_file("model.safetensors", _safetensors(64, seed=11),
+                                                                 lfs=True)}, "init")
+    copyleft.branches["main"] = commit.sha
+
     space = add(Repo("space", "acme/tiny-space"))
     commit = space.add_commit({"app.py": make_file("app.py", b"print('hello from a space')\n"),
                                "README.md": make_file("README.md", b"---\nsdk: gradio\n---\n")}, "init")
     space.branches["main"] = commit.sha
     return repos
+
+
+def _weights(path: str) -> bool:
+    return path.endswith((".safetensors", ".gguf", ".bin", ".pt", ".pth", ".pkl"))
 
 
 class Fixtures:
