@@ -5,7 +5,10 @@
   the fill task, and the readers of a fill in progress;
 - :mod:`mirror.fill.download`: the download from upstream (resume, retry, verify, commit);
 - :mod:`mirror.fill.peer`: following a fill that another process or node leads;
-- :mod:`mirror.fill.copy`: a body into the partial file in a worker thread, hashed beside the reads.
+- :mod:`mirror.fill.resume`: the one resume loop (single stream and each window): retry, backoff, expired URLs;
+- :mod:`mirror.fill.copy`: the one body copy, into the partial file in a worker thread, hashed beside the reads;
+- :mod:`mirror.fill.windows`: a parallel fill in Range windows;
+- :mod:`mirror.fill.threads`: the worker threads, owned by the manager, and the rule for cancelling one.
 
 Policy: no web framework and no HTTP client type here; upstream bytes arrive as :mod:`mirror.upstream` values.
 """

@@ -1,7 +1,8 @@
-"""Copying a body into a partial file in a worker thread, hashing it beside the reads and telling the readers.
+"""The one body copy of every fill: socket → partial file at an offset, in a worker thread, telling the readers.
 
-Hashing runs beside the socket reads and disk writes (hashlib drops the GIL on large blocks), so a fill costs
-max(read + write, hash) instead of their sum.
+The single stream, each window of a parallel fill (:mod:`mirror.fill.windows`) and a copy from a peer node all copy
+with :func:`copy`. A stream that hashes in line (the single stream, a peer copy) hashes beside the socket reads and
+disk writes (hashlib drops the GIL on large blocks), so it costs max(read + write, hash) instead of their sum.
 """
 
 from __future__ import annotations
@@ -13,22 +14,85 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import Counter
 
 from mirror.errors import IntegrityError
-from mirror.fill.state import Fill
+from mirror.fill.threads import in_thread
 from mirror.integrity import BlobHasher
 from mirror.upstream import BulkBody, RateLimit
 
-_HASH_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fill-hash")
-_COPY_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fill-copy")  # one thread per running fill
 _BLOCK_SECONDS = 0.01  # a slow upstream's bytes reach readers at least this often
 _READ_SIZE = 1024 * 1024  # per socket read: larger reads allocate more than they fill (measured ~3 GB/s at 1 MiB)
 
 
-class Cursor:
+@dataclass
+class Span:
+    """Bytes ``start..end`` (exclusive) of a file that one stream fetches; ``start..done`` are on disk."""
+
+    start: int
+    end: int
+    done: int
+    bounded: bool = True  # asked with its end (a window); False: the rest of the file from ``done`` (one stream)
+
+    @property
+    def complete(self) -> bool:
+        return self.done >= self.end
+
+    def __str__(self) -> str:
+        return f"window {self.start}-{self.end}" if self.bounded else "fill"
+
+    def too_long(self) -> str:
+        """Why an upstream sending past ``end`` fails the fill."""
+        if self.bounded:
+            return f"upstream sent more than the {self.end - self.start} bytes asked"
+        return f"upstream sent more than {self.end} bytes"
+
+    def cut_short(self) -> str:
+        """Why a stream that ended before ``end`` is tried again."""
+        if self.bounded:
+            return f"upstream closed window {self.start} at {self.done}/{self.end}"
+        return f"upstream closed after {self.done} of {self.end} bytes"
+
+
+@dataclass(frozen=True)
+class Hashing:
+    """In-line hashing of a copy: ``hasher`` takes every byte in order, blocks hashed in ``pool``."""
+
+    hasher: BlobHasher
+    pool: ThreadPoolExecutor
+
+
+async def copy(body: BulkBody, fd: int, span: Span, pool: ThreadPoolExecutor, *, counter: Counter, block_size: int,
+               on_progress: Callable[[int], None], rate: RateLimit | None = None,
+               hashing: Hashing | None = None) -> None:
+    """Copy ``body`` into ``fd`` from ``span.done`` up to ``span.end`` (or its EOF) in a thread of ``pool``.
+
+    ``on_progress(offset)`` runs on the event loop at least every ``block_size`` bytes or ``_BLOCK_SECONDS``, and
+    once at the end; ``span.done`` is where the copy got, however it ended (cancelled too: see :func:`in_thread`).
+    """
+    loop = asyncio.get_running_loop()
+    cursor = _Cursor(span.done)
+
+    def report(offset: int) -> None:
+        if offset == cursor.reported:
+            return
+        cursor.reported = offset
+        with contextlib.suppress(RuntimeError):  # the loop is closing: nobody is left to tell
+            loop.call_soon_threadsafe(on_progress, offset)
+
+    def run(stop: threading.Event) -> None:
+        _copy_body(body, fd, span, cursor, stop, report, counter, block_size, rate, hashing)
+
+    try:
+        await in_thread(pool, run, body.abort)
+    finally:
+        span.done = max(span.done, cursor.offset)
+
+
+class _Cursor:
     """How far a copy thread got, readable after it ends however it ended."""
 
     def __init__(self, offset: int) -> None:
@@ -36,79 +100,47 @@ class Cursor:
         self.reported = offset
 
 
-async def pump(fill: Fill, body: BulkBody, fd: int, cursor: Cursor, hasher: BlobHasher, counter: Counter,
-               block_size: int, rate: RateLimit | None = None) -> None:
-    """Copy the body into the partial file in a worker thread, announcing progress to the readers.
-
-    The thread owns ``fd`` until it returns: on cancellation it is told to stop and awaited, never abandoned.
-    """
-    loop = asyncio.get_running_loop()
-    stop = threading.Event()
-
-    def progress(offset: int) -> None:
-        if offset == cursor.reported:
-            return
-        counter.inc(offset - cursor.reported)
-        cursor.reported = offset
-        with contextlib.suppress(RuntimeError):  # the loop is closing: nobody is left to tell
-            loop.call_soon_threadsafe(fill.advance, offset)
-
-    def run() -> None:
-        copy_body(body, fd, cursor, fill.spec.size, hasher, block_size, stop, progress, rate)
-
-    done = asyncio.wrap_future(_COPY_POOL.submit(run))
-    try:
-        await asyncio.shield(done)
-    except asyncio.CancelledError:
-        stop.set()
-        body.abort()
-        await settle(done)
-        raise
-
-
-async def settle(done: asyncio.Future[None]) -> None:
-    """Wait for a thread told to stop, and take its outcome: a read cut by ``abort`` fails by design, and an
-    exception left unretrieved would be printed as a traceback when the loop closes (Ctrl-C of the sync)."""
-    await asyncio.wait([done])
-    if not done.cancelled():
-        done.exception()
-
-
-def copy_body(body: BulkBody, fd: int, cursor: Cursor, size: int, hasher: BlobHasher, block_size: int,
-              stop: threading.Event, progress: Callable[[int], None], rate: RateLimit | None = None) -> None:
-    """Blocking: socket → partial file until ``size`` bytes or EOF.
+def _copy_body(body: BulkBody, fd: int, span: Span, cursor: _Cursor, stop: threading.Event,
+               report: Callable[[int], None], counter: Counter, block_size: int, rate: RateLimit | None,
+               hashing: Hashing | None) -> None:
+    """Blocking: socket → partial file until ``span.end`` or EOF.
 
     Each read takes what has arrived, so a slow upstream's first bytes reach readers at once. Hashing and progress
     go by blocks (``block_size`` bytes or ``_BLOCK_SECONDS``), the hash of one block beside the reads of the next.
     On any exit the hash covers exactly the bytes up to ``cursor.offset``, so a resume can continue from there.
     """
+    end = span.end
     pending: Future[None] | None = None
     block: list[bytes] = []
     block_bytes, block_began = 0, time.monotonic()
     try:
-        while cursor.offset < size and not stop.is_set():
-            data = body.read_some(min(_READ_SIZE, size - cursor.offset + 1))  # +1: notice an upstream sending more
+        while cursor.offset < end and not stop.is_set():
+            data = body.read_some(min(_READ_SIZE, end - cursor.offset + 1))  # +1: notice an upstream sending more
             if not data:
                 break
-            if cursor.offset + len(data) > size:
-                raise IntegrityError(f"upstream sent more than {size} bytes")
+            if cursor.offset + len(data) > end:
+                raise IntegrityError(span.too_long())
             _write_all(fd, data, cursor.offset)
             cursor.offset += len(data)
+            counter.inc(len(data))
             if rate is not None:
                 rate.take(len(data))
-            block.append(data)
+            if hashing is not None:
+                block.append(data)
             block_bytes += len(data)
             if block_bytes >= block_size or time.monotonic() - block_began >= _BLOCK_SECONDS:
-                if pending is not None:
-                    pending.result()
-                pending = _HASH_POOL.submit(_hash_all, hasher, block)
+                if hashing is not None:
+                    if pending is not None:
+                        pending.result()
+                    pending = hashing.pool.submit(_hash_all, hashing.hasher, block)
                 block, block_bytes, block_began = [], 0, time.monotonic()
-                progress(cursor.offset)
+                report(cursor.offset)
     finally:
         if pending is not None:
             pending.result()
-        _hash_all(hasher, block)
-        progress(cursor.offset)
+        if hashing is not None:
+            _hash_all(hashing.hasher, block)
+        report(cursor.offset)
 
 
 def _hash_all(hasher: BlobHasher, pieces: list[bytes]) -> None:

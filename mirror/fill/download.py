@@ -10,25 +10,27 @@ import asyncio
 import logging
 import os
 
-from mirror.errors import IntegrityError, UpstreamUnavailable
-from mirror.fill.copy import Cursor, prefix_path, pump, resume_offset
+from mirror.errors import IntegrityError
+from mirror.fill.copy import Hashing, Span, copy, prefix_path, resume_offset
+from mirror.fill.resume import SignedUrl, fetch
 from mirror.fill.state import Fill
+from mirror.fill.threads import FillThreads
 from mirror.fill.windows import WindowedFill, in_windows
 from mirror.integrity import BlobHasher
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobStore
-from mirror.upstream import RangeIgnored, UpstreamClient, UrlExpired
+from mirror.upstream import FileBody, RangeIgnored, UpstreamClient
 
 log = logging.getLogger("hf_mirror.fill")
 
-_MAX_ATTEMPTS_WITHOUT_PROGRESS = 6
 
-
-async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metrics: Metrics, chunk_size: int) -> None:
+async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metrics: Metrics, threads: FillThreads,
+                   chunk_size: int) -> None:
     """Fill ``fill`` from upstream (this process holds its lease), then commit the blob.
 
     A file of at least ``parallel_fill_threshold`` bytes is fetched in concurrent windows (:mod:`windows`); an
-    upstream that ignores bounded Ranges gets the single stream from the contiguous prefix instead."""
+    upstream that ignores bounded Ranges gets the single stream from the contiguous prefix instead. Both fetch by
+    the one resume loop (:mod:`mirror.fill.resume`)."""
     spec = fill.spec
     partial = fill.partial
     settings = upstream.settings
@@ -39,12 +41,13 @@ async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metri
         fill.advance(offset)
         if offset:
             log.info("resuming fill of %s at byte %d of %d", spec.path, offset, spec.size)
-        cdn_url = spec.cdn_url
+        url = SignedUrl(spec.cdn_url)
         if not (in_windows(settings, spec.size) and offset < spec.size):
             fill.windowed = False  # one stream (or nothing left to fetch)
         else:
-            windows = WindowedFill(fill, fd, hasher, offset, upstream, metrics, connections=settings.fill_connections,
-                                   window=settings.fill_window, chunk_size=chunk_size, cdn_url=cdn_url)
+            windows = WindowedFill(fill, fd, hasher, offset, upstream, metrics, threads,
+                                   connections=settings.fill_connections, window=settings.fill_window,
+                                   chunk_size=chunk_size, url=url)
             try:
                 await windows.run()
                 offset = spec.size
@@ -54,36 +57,14 @@ async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metri
                 prefix_path(partial).unlink(missing_ok=True)  # contiguous again (a failure keeps it: see resume)
                 fill.advance(offset)
                 log.info("upstream ignores Range for %s: one stream from byte %d", spec.path, offset)
-            cdn_url = windows.cdn_url
-        failures = 0
-        while offset < spec.size:
-            before = offset
-            try:
-                async with upstream.open_file(spec.repo, spec.commit, spec.path, spec.token, start=offset,
-                                              cdn_url=cdn_url) as file:
-                    if file.cdn_url is not None:
-                        cdn_url = file.cdn_url
-                    cursor = Cursor(offset)
-                    try:
-                        await pump(fill, file.body, fd, cursor, hasher, metrics.bytes_fetched, chunk_size, file.rate)
-                    finally:
-                        offset = cursor.offset
-                if offset < spec.size:
-                    raise UpstreamUnavailable(f"upstream closed after {offset} of {spec.size} bytes")
-            except UrlExpired:
-                log.info("signed URL for %s expired; resolving again", spec.path)
-                cdn_url = None
-                failures += 1
-            except UpstreamUnavailable as exc:
-                failures = 0 if offset > before else failures + 1
-                if failures >= _MAX_ATTEMPTS_WITHOUT_PROGRESS:
-                    raise UpstreamUnavailable(
-                        f"giving up on {spec.path} after {failures} failed tries: {exc}"
-                    ) from exc
-                log.info("fill of %s interrupted at %d/%d (%s); resuming", spec.path, offset, spec.size, exc)
-                await asyncio.sleep(min(0.2 * 2**failures, 5.0))
-            if failures >= _MAX_ATTEMPTS_WITHOUT_PROGRESS:
-                raise UpstreamUnavailable(f"giving up on {spec.path}: signed URLs keep expiring")
+        stream = Span(offset, spec.size, offset, bounded=False)
+        hashing = Hashing(hasher, threads.hashes)
+
+        async def copy_stream(file: FileBody) -> None:
+            await copy(file.body, fd, stream, threads.streams, counter=metrics.bytes_fetched, block_size=chunk_size,
+                       on_progress=fill.advance, rate=file.rate, hashing=hashing)
+
+        await fetch(upstream, spec, stream, url, copy_stream)
         if not hasher.matches():
             metrics.integrity_failures.inc()
             os.ftruncate(fd, 0)

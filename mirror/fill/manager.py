@@ -28,6 +28,7 @@ from mirror.errors import MirrorError, UpstreamUnavailable
 from mirror.fill.download import download
 from mirror.fill.peer import Follower, PeerCopy
 from mirror.fill.state import Fill, FillSpec
+from mirror.fill.threads import FillThreads
 from mirror.fill.windows import in_windows
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobStore, PeerAddress
@@ -48,7 +49,9 @@ class FillManager:
         self.node_url = node_url.rstrip("/") if node_url else None
         self.owner = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._fills: dict[str, Fill] = {}
-        self._follower = Follower(store, upstream, metrics, chunk_size=chunk_size, node_url=self.node_url)
+        self.threads = FillThreads()  # every fill's worker threads: this manager's, shut down in its aclose
+        self._follower = Follower(store, upstream, metrics, self.threads, chunk_size=chunk_size,
+                                  node_url=self.node_url)
         self.on_commit: list[Callable[[FillSpec], None]] = []
 
     @property
@@ -120,15 +123,16 @@ class FillManager:
         return path
 
     async def aclose(self, grace: float) -> None:
-        """Graceful shutdown: let fills finish within ``grace`` seconds, then cancel (they stay resumable)."""
+        """Graceful shutdown: let fills finish within ``grace`` seconds, then cancel (they stay resumable); then
+        the fills' worker threads go."""
         tasks = [f.task for f in self._fills.values() if f.task is not None]
-        if not tasks:
-            return
-        _, pending = await asyncio.wait(tasks, timeout=grace)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending, timeout=5)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=grace)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=5)
+        self.threads.shutdown()
 
     # --- readers ---------------------------------------------------------------------------------------------------
 
@@ -211,4 +215,4 @@ class FillManager:
 
     async def _download(self, fill: Fill) -> None:
         """Download ``fill`` from upstream (this process holds its lease) and commit it."""
-        await download(fill, self.store, self.upstream, self.metrics, self.chunk_size)
+        await download(fill, self.store, self.upstream, self.metrics, self.threads, self.chunk_size)

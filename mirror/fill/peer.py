@@ -11,8 +11,10 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 from mirror.errors import IntegrityError, MirrorError, UpstreamUnavailable
-from mirror.fill.copy import Cursor, on_disk_prefix, pump
+from mirror.fill.copy import Hashing, Span, on_disk_prefix
+from mirror.fill.copy import copy as copy_body
 from mirror.fill.state import Fill
+from mirror.fill.threads import FillThreads
 from mirror.integrity import BlobHasher
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobStore, Lease, PeerAddress
@@ -38,11 +40,12 @@ class PeerCopy:
 class Follower:
     """Follows the fills that another process (on this host, or on another node) holds the lease of."""
 
-    def __init__(self, store: BlobStore, upstream: UpstreamClient, metrics: Metrics, *, chunk_size: int,
-                 node_url: str | None) -> None:
+    def __init__(self, store: BlobStore, upstream: UpstreamClient, metrics: Metrics, threads: FillThreads, *,
+                 chunk_size: int, node_url: str | None) -> None:
         self.store = store
         self.upstream = upstream
         self.metrics = metrics
+        self.threads = threads
         self.chunk_size = chunk_size
         self.node_url = node_url
 
@@ -78,11 +81,13 @@ class Follower:
             query = urlencode({"repo": spec.repo.key, "commit": spec.commit, "path": spec.path, "size": spec.size})
             url = f"{peer.url}{PEER_ROUTE}{spec.etag}?{query}"
             async with self.upstream.stream_peer(url, peer.token, copy.offset) as body:
-                cursor = Cursor(copy.offset)
+                span = Span(copy.offset, spec.size, copy.offset, bounded=False)
                 try:
-                    await pump(fill, body, fd, cursor, copy.hasher, self.metrics.bytes_from_peers, self.chunk_size)
+                    await copy_body(body, fd, span, self.threads.streams, counter=self.metrics.bytes_from_peers,
+                                    block_size=self.chunk_size, on_progress=fill.advance,
+                                    hashing=Hashing(copy.hasher, self.threads.hashes))
                 finally:
-                    copy.offset = cursor.offset
+                    copy.offset = span.done
         except MirrorError as exc:
             copy.failures = 0 if copy.offset > before else copy.failures + 1
             log.info("streaming %s from peer %s stopped at %d/%d: %s", spec.path, peer.url, copy.offset, spec.size,

@@ -11,36 +11,31 @@ prefix, and may read a window ahead of the prefix as its bytes land (``fill.run_
 not yet begun has it fetched next (``fill.want``), so a Range far ahead (a Xet client's parallel ranges) waits
 seconds, not for the whole prefix, and no byte is fetched twice. A hasher task hashes the prefix in order from the
 page cache. The rules of the single stream hold: the last byte is readable only once the whole file is verified, and
-nothing is committed unverified (:mod:`download`).
+nothing is committed unverified (:mod:`download`). Each window is fetched by the one resume loop
+(:mod:`mirror.fill.resume`) and copied by the one body copy (:mod:`mirror.fill.copy`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
+import functools
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from mirror.config import Settings
-from mirror.errors import IntegrityError, UpstreamUnavailable
-from mirror.fill.copy import settle, write_prefix
+from mirror.errors import UpstreamUnavailable
+from mirror.fill.copy import Span, copy, write_prefix
+from mirror.fill.resume import SignedUrl, fetch
 from mirror.fill.state import Fill
+from mirror.fill.threads import FillThreads, in_thread
 from mirror.integrity import BlobHasher
 from mirror.metrics import Metrics
-from mirror.upstream import BulkBody, RangeIgnored, RateLimit, UpstreamClient, UrlExpired
+from mirror.upstream import FileBody, RangeIgnored, UpstreamClient
 
-log = logging.getLogger("hf_mirror.fill")
-
-_WINDOW_POOL = ThreadPoolExecutor(max_workers=256, thread_name_prefix="fill-window")  # one per window in flight
-_READ_SIZE = 1024 * 1024
-_REPORT_SECONDS = 0.01  # a window's bytes reach readers at least this often ...
-_REPORT_BYTES = 4 * 1024 * 1024  # ... or every this many bytes
+_REPORT_BYTES = 4 * 1024 * 1024  # a window's bytes reach readers at least every this many bytes (or copy's 10 ms)
 _PREFIX_FILE_SECONDS = 0.05  # the prefix file (cross-process followers, resume) is rewritten at most this often
-_MAX_ATTEMPTS_WITHOUT_PROGRESS = 6
 
 
 def in_windows(settings: Settings, size: int) -> bool:
@@ -50,27 +45,22 @@ def in_windows(settings: Settings, size: int) -> bool:
 
 
 @dataclass
-class Window:
-    start: int
-    end: int  # exclusive
-    done: int  # bytes ``start..done`` are on disk
+class Window(Span):
     started: bool = False  # a worker has taken it
-
-    @property
-    def complete(self) -> bool:
-        return self.done >= self.end
 
 
 class WindowedFill:
     """The parallel download of ``fill`` from byte ``offset`` (the bytes before are on disk and hashed)."""
 
     def __init__(self, fill: Fill, fd: int, hasher: BlobHasher, offset: int, upstream: UpstreamClient,
-                 metrics: Metrics, *, connections: int, window: int, chunk_size: int, cdn_url: str | None) -> None:
+                 metrics: Metrics, threads: FillThreads, *, connections: int, window: int, chunk_size: int,
+                 url: SignedUrl) -> None:
         self.fill, self.fd, self.hasher, self.upstream, self.metrics = fill, fd, hasher, upstream, metrics
+        self.threads = threads
         self.size = fill.spec.size
         self.connections = connections
         self.chunk_size = chunk_size
-        self.cdn_url = cdn_url  # the newest signed URL any window got; None: ask the Hub (it redirects)
+        self.url = url  # the newest signed URL any window got, shared with the single stream after a fallback
         self.windows = [Window(s, min(s + window, self.size), s) for s in range(offset, self.size, window)]
         self.base, self.window_size = offset, window
         self._wanted: set[int] = set()  # windows a reader waits for, taken before the next in order
@@ -79,7 +69,6 @@ class WindowedFill:
         self._next = 0
         self._more = asyncio.Event()  # the contiguous prefix grew
         self._prefix_written_at = 0.0
-        self.requests = 0  # upstream GETs this fill sent (for logs and tests)
 
     async def run(self) -> None:
         """Fetch every window and hash the file; raises the first failure (every worker stopped by then)."""
@@ -150,78 +139,12 @@ class WindowedFill:
             await self._fetch(window)
 
     async def _fetch(self, window: Window) -> None:
-        spec = self.fill.spec
-        failures = 0
-        while not window.complete:
-            before = window.done
-            try:
-                cdn_url = self.cdn_url
-                self.requests += 1
-                async with self.upstream.open_file(spec.repo, spec.commit, spec.path, spec.token, start=window.done,
-                                                   end=window.end, cdn_url=cdn_url) as file:
-                    if file.cdn_url is not None:
-                        self.cdn_url = file.cdn_url
-                    await self._copy(window, file.body, file.rate)
-                if not window.complete:
-                    raise UpstreamUnavailable(f"upstream closed window {window.start} at {window.done}/{window.end}")
-            except UrlExpired:
-                log.info("signed URL for %s expired; resolving again", spec.path)
-                if self.cdn_url == cdn_url:
-                    self.cdn_url = None
-                failures += 1
-            except UpstreamUnavailable as exc:
-                failures = 0 if window.done > before else failures + 1
-                if failures >= _MAX_ATTEMPTS_WITHOUT_PROGRESS:
-                    raise UpstreamUnavailable(f"giving up on {spec.path} after {failures} failed tries: {exc}") from exc
-                log.info("window %d-%d of %s interrupted at %d (%s); resuming it", window.start, window.end,
-                         spec.path, window.done, exc)
-                await asyncio.sleep(min(0.2 * 2**failures, 5.0))
-            if failures >= _MAX_ATTEMPTS_WITHOUT_PROGRESS:
-                raise UpstreamUnavailable(f"giving up on {spec.path}: signed URLs keep expiring")
+        async def copy_window(file: FileBody) -> None:
+            await copy(file.body, self.fd, window, self.threads.windows, counter=self.metrics.bytes_fetched,
+                       block_size=_REPORT_BYTES, on_progress=functools.partial(self._advanced, window),
+                       rate=file.rate)
 
-    async def _copy(self, window: Window, body: BulkBody, rate: RateLimit | None) -> None:
-        """Socket → the window's bytes in the partial file, in a worker thread; progress reported on the loop."""
-        loop = asyncio.get_running_loop()
-        stop = threading.Event()
-        counter = self.metrics.bytes_fetched
-
-        def report(offset: int) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closing
-                loop.call_soon_threadsafe(self._advanced, window, offset)
-
-        def run() -> None:
-            reported, reported_at = window.done, time.monotonic()
-            offset = window.done
-            try:
-                while offset < window.end and not stop.is_set():
-                    data = body.read_some(min(_READ_SIZE, window.end - offset + 1))
-                    if not data:
-                        break
-                    if offset + len(data) > window.end:
-                        raise IntegrityError(f"upstream sent more than the {window.end - window.start} bytes asked")
-                    view = memoryview(data)
-                    position = offset
-                    while view:
-                        written = os.pwrite(self.fd, view, position)
-                        view, position = view[written:], position + written
-                    offset += len(data)
-                    counter.inc(len(data))
-                    if rate is not None:
-                        rate.take(len(data))
-                    if offset - reported >= _REPORT_BYTES or time.monotonic() - reported_at >= _REPORT_SECONDS:
-                        reported, reported_at = offset, time.monotonic()
-                        report(offset)
-            finally:
-                report(offset)
-
-        done = asyncio.wrap_future(_WINDOW_POOL.submit(run))
-        try:
-            await asyncio.shield(done)
-        except asyncio.CancelledError:
-            stop.set()
-            body.abort()
-            await settle(done)
-            raise
+        await fetch(self.upstream, self.fill.spec, window, self.url, copy_window)
 
     def _advanced(self, window: Window, offset: int) -> None:
         window.done = max(window.done, offset)
@@ -253,14 +176,7 @@ class WindowedFill:
             while self.contiguous <= self.hashed:
                 self._more.clear()
                 await self._more.wait()
-            stop = threading.Event()
-            done = asyncio.wrap_future(_WINDOW_POOL.submit(self._hash_to, self.contiguous, stop))
-            try:
-                await asyncio.shield(done)
-            except asyncio.CancelledError:  # the thread owns the fd until it returns: never abandoned
-                stop.set()
-                await settle(done)
-                raise
+            await in_thread(self.threads.windows, functools.partial(self._hash_to, self.contiguous))
 
     def _hash_to(self, end: int, stop: threading.Event) -> None:
         while self.hashed < end and not stop.is_set():

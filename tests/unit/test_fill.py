@@ -1,0 +1,299 @@
+"""The fill engine in-process, against a fake upstream at the client's own interface (``open_file`` → a body a thread
+reads with ``read_some``/``abort``) and the local store on a temporary directory: resume after a drop (one stream and
+windows), an expired signed URL resolved again, an integrity failure, cancellation. No sockets, no timing asserts:
+waits are on the fill's own events."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from mirror import hf
+from mirror.errors import IntegrityError, UpstreamUnavailable
+from mirror.fill import Fill, FillManager, FillSpec
+from mirror.fill import resume as resume_module
+from mirror.fill.copy import prefix_path
+from mirror.metrics import Metrics
+from mirror.storage.local import LocalBlobStore
+from mirror.upstream import FileBody, RangeIgnored, UrlExpired
+
+KIB = 1024
+PIECE = 16 * KIB  # the most a fake body gives per read
+
+
+@pytest.fixture(autouse=True)
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tries follow each other at once: the backoff's length is policy, not what these tests check."""
+    monkeypatch.setattr(resume_module, "backoff", lambda failures: 0.0)
+
+
+def content_of(size: int) -> bytes:
+    return bytes((i * 7 + i // 251) % 256 for i in range(size))
+
+
+# --- the fake upstream ------------------------------------------------------------------------------------------------
+
+
+class FakeBody:
+    """A body of ``data`` read by the fill's thread; it may drop after ``drop_after`` bytes or stall there until the
+    fill aborts it."""
+
+    def __init__(self, data: bytes, *, drop_after: int | None = None, stall_after: int | None = None) -> None:
+        self.data = data
+        self.position = 0
+        self.drop_after = drop_after
+        self.stall_after = stall_after
+        self.stalled = threading.Event()
+        self.aborted = threading.Event()
+
+    def read_some(self, size: int) -> bytes:
+        if self.drop_after is not None and self.position >= self.drop_after:
+            raise UpstreamUnavailable("upstream read failed: connection reset (fake)")
+        if self.stall_after is not None and self.position >= self.stall_after:
+            self.stalled.set()
+            self.aborted.wait(30)  # a blocked socket read, until abort shuts the socket
+            raise UpstreamUnavailable("upstream read failed: aborted (fake)")
+        limit = min(size, PIECE)
+        for mark in (self.drop_after, self.stall_after):
+            if mark is not None:
+                limit = min(limit, mark - self.position)
+        data = self.data[self.position:self.position + limit]
+        self.position += len(data)
+        return data
+
+    def abort(self) -> None:
+        self.aborted.set()
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Request:
+    start: int
+    end: int | None
+    cdn_url: str | None
+
+
+# What a fake upstream answers a request with: a body, the signed URL it came from, or an exception to raise.
+Answer = Callable[[Request, bytes], "tuple[FakeBody, str | None] | BaseException"]
+
+
+def whole(request: Request, data: bytes) -> tuple[FakeBody, str | None]:
+    return FakeBody(data), None
+
+
+class FakeUpstream:
+    """What the fill calls of :class:`~mirror.upstream.UpstreamClient`: ``settings`` and ``open_file``."""
+
+    def __init__(self, content: bytes, answer: Answer = whole, *, windows: int = 0, connections: int = 3) -> None:
+        self.content = content
+        self.answer = answer
+        self.settings = SimpleNamespace(parallel_fill_threshold=1 if windows else 0, fill_connections=connections,
+                                        fill_window=windows or 1)
+        self.requests: list[Request] = []
+        self.bodies: list[FakeBody] = []
+
+    @asynccontextmanager
+    async def open_file(self, repo: hf.RepoRef, commit: str, path: str, token: str | None, start: int = 0,
+                        cdn_url: str | None = None, end: int | None = None) -> AsyncIterator[FileBody]:
+        request = Request(start, end, cdn_url)
+        self.requests.append(request)
+        answer = self.answer(request, self.content[start:end])
+        if isinstance(answer, BaseException):
+            raise answer
+        body, served_from = answer
+        self.bodies.append(body)
+        yield FileBody(body, served_from, None)  # type: ignore[arg-type]
+
+
+# --- helpers ----------------------------------------------------------------------------------------------------------
+
+
+def spec_of(content: bytes, *, etag: str | None = None, cdn_url: str | None = None) -> FillSpec:
+    return FillSpec(repo=hf.RepoRef(hf.RepoType.MODEL, "acme/tiny"), commit="c" * 40, path="model.bin",
+                    etag=etag or hashlib.sha256(content).hexdigest(), size=len(content), cdn_url=cdn_url)
+
+
+@asynccontextmanager
+async def fill_manager(tmp_path: Path, upstream: FakeUpstream, metrics: Metrics | None = None,
+                       chunk_size: int = PIECE) -> AsyncIterator[FillManager]:
+    manager = FillManager(LocalBlobStore(tmp_path), upstream, metrics or Metrics(),  # type: ignore[arg-type]
+                          chunk_size=chunk_size, lease_ttl=30, cancel_on_disconnect=False)
+    try:
+        yield manager
+    finally:
+        await manager.aclose(grace=0)
+
+
+async def written_at_least(fill: Fill, offset: int) -> None:
+    async def wait() -> None:
+        while fill.written < offset and not fill.finished:
+            await fill.changed()
+
+    await asyncio.wait_for(wait(), 10)
+
+
+# --- one stream -------------------------------------------------------------------------------------------------------
+
+
+async def test_one_stream_resumes_after_a_drop_from_the_byte_it_reached(tmp_path: Path) -> None:
+    content = content_of(300 * KIB)
+    drops = iter([100 * KIB])
+
+    def answer(request: Request, data: bytes) -> tuple[FakeBody, str | None]:
+        return FakeBody(data, drop_after=next(drops, None)), None
+
+    upstream = FakeUpstream(content, answer)
+    metrics = Metrics()
+    async with fill_manager(tmp_path, upstream, metrics) as manager:
+        path = await manager.fetch(spec_of(content))
+    assert path.read_bytes() == content
+    assert upstream.requests == [Request(0, None, None), Request(100 * KIB, None, None)]
+    assert metrics.registry.get_sample_value("hf_mirror_upstream_bytes_total") == len(content)  # no byte twice
+
+
+async def test_an_expired_signed_url_is_resolved_again_and_the_fresh_one_reused(tmp_path: Path) -> None:
+    content = content_of(200 * KIB)
+    old, new = "https://cdn.example/old?sig=1", "https://cdn.example/new?sig=2"
+    drops = iter([50 * KIB])
+
+    def answer(request: Request, data: bytes) -> tuple[FakeBody, str | None] | BaseException:
+        if request.cdn_url == old:
+            return UrlExpired("signed URL refused with 403")
+        return FakeBody(data, drop_after=next(drops, None)), new  # the Hub redirects to a fresh URL
+
+    upstream = FakeUpstream(content, answer)
+    async with fill_manager(tmp_path, upstream) as manager:
+        path = await manager.fetch(spec_of(content, cdn_url=old))
+    assert path.read_bytes() == content
+    assert upstream.requests == [Request(0, None, old), Request(0, None, None), Request(50 * KIB, None, new)]
+
+
+async def test_a_stream_that_never_progresses_is_given_up(tmp_path: Path) -> None:
+    content = content_of(10 * KIB)
+    upstream = FakeUpstream(content, lambda request, data: UpstreamUnavailable("Upstream answered 503: busy"))
+    async with fill_manager(tmp_path, upstream) as manager:
+        with pytest.raises(UpstreamUnavailable, match="giving up on model.bin after 6 failed tries"):
+            await manager.fetch(spec_of(content))
+    assert len(upstream.requests) == resume_module.MAX_ATTEMPTS_WITHOUT_PROGRESS
+
+
+async def test_bytes_that_do_not_match_the_etag_drop_the_partial_file(tmp_path: Path) -> None:
+    content = content_of(64 * KIB)
+    spec = spec_of(content, etag=hashlib.sha256(b"something else").hexdigest())
+    metrics = Metrics()
+    async with fill_manager(tmp_path, FakeUpstream(content), metrics) as manager:
+        with pytest.raises(IntegrityError, match="does not match"):
+            await manager.fetch(spec)
+        partial = manager.store.partial_path(spec.etag)
+    assert not partial.exists() and not prefix_path(partial).exists()
+    assert manager.store.cached_path(spec.etag) is None
+    assert metrics.registry.get_sample_value("hf_mirror_integrity_failures_total") == 1
+
+
+async def test_an_upstream_sending_more_than_the_file_fails_the_fill(tmp_path: Path) -> None:
+    content = content_of(40 * KIB)  # the last read (8 KiB + 1 asked, to notice more) is not a whole piece
+    upstream = FakeUpstream(content, lambda request, data: (FakeBody(data + b"extra"), None))
+    async with fill_manager(tmp_path, upstream) as manager:
+        with pytest.raises(IntegrityError, match="upstream sent more than 40960 bytes"):
+            await manager.fetch(spec_of(content))
+
+
+async def test_a_cancelled_fill_leaves_a_partial_file_the_next_fill_resumes(tmp_path: Path) -> None:
+    content = content_of(256 * KIB)
+    stall = 96 * KIB
+    upstream = FakeUpstream(content, lambda request, data: (FakeBody(data, stall_after=stall), None))
+    spec = spec_of(content)
+    async with fill_manager(tmp_path, upstream) as manager:
+        fill = await manager.start(spec)
+        assert fill is not None and fill.task is not None
+        await written_at_least(fill, stall)
+        fill.task.cancel()
+        await asyncio.wait([fill.task])
+        body = upstream.bodies[0]
+        assert body.aborted.is_set()  # the copy thread was woken, not abandoned
+        assert isinstance(fill.error, UpstreamUnavailable)
+        assert manager.store.partial_path(spec.etag).stat().st_size == stall
+
+        upstream.answer = whole
+        path = await manager.fetch(spec)
+    assert path.read_bytes() == content
+    assert upstream.requests[-1] == Request(stall, None, None)
+
+
+async def test_the_manager_closes_its_threads(tmp_path: Path) -> None:
+    async with fill_manager(tmp_path, FakeUpstream(b"")) as manager:
+        pass
+    with pytest.raises(RuntimeError):
+        manager.threads.streams.submit(print)
+
+
+# --- windows ----------------------------------------------------------------------------------------------------------
+
+
+async def test_windows_each_resume_after_a_drop_and_fetch_each_byte_once(tmp_path: Path) -> None:
+    window = 64 * KIB
+    content = content_of(5 * window + 3 * KIB)
+    dropped: list[int] = []
+
+    def answer(request: Request, data: bytes) -> tuple[FakeBody, str | None]:
+        assert request.end is not None  # every window asks its own bytes
+        if request.start == window and not dropped:  # the second window drops once, 10 KiB in
+            dropped.append(request.start)
+            return FakeBody(data, drop_after=10 * KIB), None
+        return FakeBody(data), None
+
+    upstream = FakeUpstream(content, answer, windows=window)
+    metrics = Metrics()
+    async with fill_manager(tmp_path, upstream, metrics) as manager:
+        path = await manager.fetch(spec_of(content))
+    assert path.read_bytes() == content
+    assert Request(window + 10 * KIB, 2 * window, None) in upstream.requests
+    assert len(upstream.requests) == 6 + 1  # six windows, one resumed
+    assert metrics.registry.get_sample_value("hf_mirror_upstream_bytes_total") == len(content)
+    assert not prefix_path(manager.store.partial_path(spec_of(content).etag)).exists()
+
+
+async def test_windows_share_a_signed_url_resolved_again(tmp_path: Path) -> None:
+    window = 64 * KIB
+    content = content_of(3 * window)
+    old, new = "https://cdn.example/old", "https://cdn.example/new"
+
+    def answer(request: Request, data: bytes) -> tuple[FakeBody, str | None] | BaseException:
+        if request.cdn_url == old:
+            return UrlExpired("signed URL refused with 410")
+        return FakeBody(data), new
+
+    upstream = FakeUpstream(content, answer, windows=window, connections=2)
+    async with fill_manager(tmp_path, upstream) as manager:
+        path = await manager.fetch(spec_of(content, cdn_url=old))
+    assert path.read_bytes() == content
+    asked = [r.cdn_url for r in upstream.requests]
+    assert asked[0] == old and asked.count(old) <= 2  # each of the two workers meets the expired URL once at most
+    assert 1 <= asked.count(None) <= 2  # resolved again (by the second worker too, if it had asked the old URL)
+    assert asked[-1] == new  # the third window, taken after one of the first two ended, uses the fresh URL
+
+
+async def test_an_upstream_ignoring_ranges_gets_one_stream_instead(tmp_path: Path) -> None:
+    window = 64 * KIB
+    content = content_of(4 * window)
+
+    def answer(request: Request, data: bytes) -> tuple[FakeBody, str | None] | BaseException:
+        if request.end is not None:
+            return RangeIgnored("Upstream ignored Range for 'model.bin' (status 200)")
+        return FakeBody(data), None
+
+    upstream = FakeUpstream(content, answer, windows=window)
+    async with fill_manager(tmp_path, upstream) as manager:
+        path = await manager.fetch(spec_of(content))
+    assert path.read_bytes() == content
+    assert upstream.requests[-1] == Request(0, None, None)
