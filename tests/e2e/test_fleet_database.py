@@ -19,7 +19,18 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.test_scale_out import BIG, BIG_SIZE, BIG_URL, Fleet, _fill_active, _fill_written, _wait_for, get, sha256
+from tests.e2e.test_scale_out import (
+    BIG,
+    BIG_SIZE,
+    BIG_URL,
+    MODEL,
+    Fleet,
+    _fill_active,
+    _fill_written,
+    _wait_for,
+    get,
+    sha256,
+)
 from tests.support import postgres_server, s3_server
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.support.mirror_proc import MirrorProcess, metric
@@ -219,3 +230,35 @@ def test_filler_frozen_past_its_lease_commits_nothing(upstream: EmulatorHandle, 
 def _needs_the_fleet_extra() -> Iterator[None]:
     pytest.importorskip("psycopg")
     yield
+
+
+def test_database_down_hits_served_misses_refused_then_back(upstream: EmulatorHandle, nodes: Fleet) -> None:
+    """A database of its own (it is stopped and started again): hits need no database; a cold miss fails while it is
+    down; once it is back, the node carries on without a restart."""
+    emu, fleet = upstream, nodes
+    with postgres_server.PostgresServer() as own:
+        (node,) = start_fleet(fleet, emu, own.create_database(), count=1)
+        warm, cold = (f"/{MODEL}/resolve/main/{path}" for path in ("config.json", "sub/nested.txt"))
+        expected = {url: emu.files.file_bytes("model", MODEL, "main", url.rsplit("/main/", 1)[1])
+                    for url in (warm, cold)}
+        status, body, _ = get(node.url + warm)
+        assert status == 200 and body == expected[warm]
+        own.stop()
+        for _ in range(3):
+            status, body, _ = get(node.url + warm)
+            assert status == 200 and body == expected[warm], status
+        # No lease can be granted: the fill fails (its response may have begun: then the transfer is cut).
+        try:
+            status, body, _ = get(node.url + cold)
+        except httpx.HTTPError:
+            pass
+        else:
+            assert status == 503 or body != expected[cold], (status, body[:200])
+        assert "MetadataUnavailable" in node.log() or "metadata database" in node.log()
+        own.start()
+
+        def served() -> bool:
+            status, body, _ = get(node.url + cold)
+            return status == 200 and body == expected[cold]
+
+        _wait_for(served, "the cold file once the database is back", timeout=60)
