@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from mirror.hf import RepoRef
+from mirror.index import FileEntry
 from mirror.metadata.announce import Subscription
 from mirror.storage.base import PeerAddress
 
@@ -70,6 +71,24 @@ class MetadataStore(Protocol):
     async def put_ref(self, repo: RepoRef, revision: str, commit: str) -> None:
         ...
 
+    # --- files: (repo, commit, path) -> blob etag and size (or a remembered 404) ----------------------------------
+
+    async def get_file(self, repo: RepoRef, commit: str, path: str) -> FileEntry | None:
+        ...
+
+    async def put_file(self, repo: RepoRef, entry: FileEntry) -> None:
+        ...
+
+    # --- access confirmations: (token digest or "public", kind, repo) -> allowed, how long ago ---------------------
+
+    async def get_access(self, subject: str, kind: str, repo: RepoRef) -> tuple[bool, float] | None:
+        """(allowed, seconds since it was confirmed, by the store's clock). ``subject`` is a token's digest, never
+        a token."""
+        ...
+
+    async def put_access(self, subject: str, kind: str, repo: RepoRef, allowed: bool) -> None:
+        ...
+
     # --- pins: repos gc never evicts --------------------------------------------------------------------------------
 
     async def pin(self, repo: RepoRef, source: str) -> None:
@@ -82,6 +101,10 @@ class MetadataStore(Protocol):
 
     async def pins(self) -> dict[str, str]:
         """Every pinned repo (its ``RepoRef.key``) -> who pinned it."""
+        ...
+
+    async def pinned_blobs(self) -> set[str]:
+        """The etags of every known file of a pinned repo (gc keeps them, whichever node pinned the repo)."""
         ...
 
     # --- fill leases ------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 import diskcache
 
 from mirror.hf import RepoRef
-from mirror.index import MetadataIndex
+from mirror.index import FileEntry, MetadataIndex
 from mirror.metadata.announce import Announcements, Subscription
 from mirror.metadata.base import HeldLease, LeaseRecord, RefRecord
 from mirror.storage.base import LeaseLost, PeerAddress
@@ -51,6 +51,21 @@ class EmbeddedMetadata:
     async def put_ref(self, repo: RepoRef, revision: str, commit: str) -> None:
         self.index.put_ref(repo, revision, commit)
 
+    # --- files and access confirmations: the index's own ---------------------------------------------------------
+
+    async def get_file(self, repo: RepoRef, commit: str, path: str) -> FileEntry | None:
+        return self.index.get_file(repo, commit, path)
+
+    async def put_file(self, repo: RepoRef, entry: FileEntry) -> None:
+        self.index.put_file(repo, entry)
+
+    async def get_access(self, subject: str, kind: str, repo: RepoRef) -> tuple[bool, float] | None:
+        value = self.index.get_access(subject, kind, repo)
+        return None if value is None else (bool(value[0]), max(time.time() - value[1], 0.0))
+
+    async def put_access(self, subject: str, kind: str, repo: RepoRef, allowed: bool) -> None:
+        self.index.put_access(subject, kind, repo, (allowed, time.time()))
+
     # --- pins -------------------------------------------------------------------------------------------------------
 
     async def pin(self, repo: RepoRef, source: str) -> None:
@@ -61,6 +76,11 @@ class EmbeddedMetadata:
 
     async def pins(self) -> dict[str, str]:
         return {f"{kind}:{repo_id}": source for (kind, repo_id), source in self.index.pin_sources().items()}
+
+    async def pinned_blobs(self) -> set[str]:
+        pinned = self.index.pinned_repos()
+        return {entry.etag for kind, repo_id, entry in self.index.iter_files()
+                if (kind, repo_id) in pinned and entry.etag and not entry.missing}
 
     # --- fill leases: etag -> (owner, epoch, expires, peer url, peer token); owner None when free ------------------
 

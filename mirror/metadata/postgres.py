@@ -31,6 +31,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from mirror.errors import MirrorError, redact_url
 from mirror.hf import RepoRef
+from mirror.index import FileEntry
 from mirror.metadata.announce import Announcements, Subscription
 from mirror.metadata.base import HeldLease, LeaseRecord, RefRecord
 from mirror.storage.base import LeaseLost, PeerAddress
@@ -62,6 +63,27 @@ MIGRATIONS: tuple[str, ...] = (
         repo        text PRIMARY KEY,
         source      text NOT NULL,
         pinned_at   timestamptz NOT NULL DEFAULT now()
+    );
+    """,
+    """
+    CREATE TABLE hf_mirror_files (
+        repo        text NOT NULL,
+        commit      text NOT NULL,
+        path        text NOT NULL,
+        etag        text NOT NULL,          -- '' for a remembered 404
+        size        bigint NOT NULL,
+        lfs         boolean NOT NULL,
+        missing     boolean NOT NULL,
+        PRIMARY KEY (repo, commit, path)
+    );
+    CREATE INDEX hf_mirror_files_by_repo ON hf_mirror_files (repo);
+    CREATE TABLE hf_mirror_access (
+        subject       text NOT NULL,        -- a token's digest, or 'public'; never a token
+        kind          text NOT NULL,
+        repo          text NOT NULL,
+        allowed       boolean NOT NULL,
+        confirmed_at  timestamptz NOT NULL,
+        PRIMARY KEY (subject, kind, repo)
     );
     """,
 )
@@ -199,6 +221,43 @@ class PostgresMetadata:
                 "ON CONFLICT (repo, revision) DO UPDATE SET commit = EXCLUDED.commit, fetched_at = EXCLUDED.fetched_at",
                 (repo.key, revision, commit))
 
+    # --- files -------------------------------------------------------------------------------------------------------
+
+    @database_errors
+    async def get_file(self, repo: RepoRef, commit: str, path: str) -> FileEntry | None:
+        async with self.pool.connection() as conn:
+            row = await (await conn.execute(
+                "SELECT etag, size, lfs, missing FROM hf_mirror_files WHERE repo = %s AND commit = %s AND path = %s",
+                (repo.key, commit, path))).fetchone()
+        return None if row is None else FileEntry(commit, path, str(row[0]), int(row[1]), bool(row[2]), bool(row[3]))
+
+    @database_errors
+    async def put_file(self, repo: RepoRef, entry: FileEntry) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO hf_mirror_files (repo, commit, path, etag, size, lfs, missing) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (repo, commit, path) DO UPDATE SET "
+                "etag = EXCLUDED.etag, size = EXCLUDED.size, lfs = EXCLUDED.lfs, missing = EXCLUDED.missing",
+                (repo.key, entry.commit, entry.path, entry.etag, entry.size, entry.lfs, entry.missing))
+
+    # --- access confirmations ---------------------------------------------------------------------------------------
+
+    @database_errors
+    async def get_access(self, subject: str, kind: str, repo: RepoRef) -> tuple[bool, float] | None:
+        async with self.pool.connection() as conn:
+            row = await (await conn.execute(
+                "SELECT allowed, greatest(extract(epoch FROM now() - confirmed_at), 0) FROM hf_mirror_access "
+                "WHERE subject = %s AND kind = %s AND repo = %s", (subject, kind, repo.key))).fetchone()
+        return None if row is None else (bool(row[0]), float(row[1]))
+
+    @database_errors
+    async def put_access(self, subject: str, kind: str, repo: RepoRef, allowed: bool) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO hf_mirror_access (subject, kind, repo, allowed, confirmed_at) "
+                "VALUES (%s, %s, %s, %s, now()) ON CONFLICT (subject, kind, repo) DO UPDATE SET "
+                "allowed = EXCLUDED.allowed, confirmed_at = EXCLUDED.confirmed_at", (subject, kind, repo.key, allowed))
+
     # --- pins -------------------------------------------------------------------------------------------------------
 
     @database_errors
@@ -219,6 +278,14 @@ class PostgresMetadata:
         async with self.pool.connection() as conn:
             rows = await (await conn.execute("SELECT repo, source FROM hf_mirror_pins")).fetchall()
         return {str(repo): str(source) for repo, source in rows}
+
+    @database_errors
+    async def pinned_blobs(self) -> set[str]:
+        async with self.pool.connection() as conn:
+            rows = await (await conn.execute(
+                "SELECT DISTINCT f.etag FROM hf_mirror_files f JOIN hf_mirror_pins p ON p.repo = f.repo "
+                "WHERE NOT f.missing AND f.etag <> ''")).fetchall()
+        return {str(row[0]) for row in rows}
 
     # --- fill leases ------------------------------------------------------------------------------------------------
 

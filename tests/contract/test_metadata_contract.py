@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from mirror.hf import RepoRef, RepoType
-from mirror.index import MetadataIndex
+from mirror.index import FileEntry, MetadataIndex
 from mirror.metadata import EmbeddedMetadata, HeldLease, MetadataStore
 from mirror.storage.base import LeaseLost, PeerAddress
 
@@ -195,3 +195,39 @@ async def test_waiters_hear_of_a_grant_and_a_release(stores: Stores) -> None:
         assert await a.read_lease(tag) is None
     async with a.changed(etag()) as quiet:
         assert not await quiet.wait(0.1)  # nothing happened to that one
+
+
+# --- files, access confirmations, pinned blobs -----------------------------------------------------------------------
+
+async def test_file_entries_are_shared(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    commit = "c" * 40
+    entry = FileEntry(commit, "sub/model.bin", "e" * 64, 1234, lfs=True)
+    assert await b.get_file(REPO, commit, entry.path) is None
+    await a.put_file(REPO, entry)
+    await a.put_file(REPO, FileEntry(commit, "gone.txt", missing=True))
+    assert await b.get_file(REPO, commit, entry.path) == entry
+    assert await b.get_file(REPO, commit, "gone.txt") == FileEntry(commit, "gone.txt", missing=True)
+    assert await b.get_file(DATASET, commit, entry.path) is None
+
+
+async def test_access_confirmations_are_shared_by_digest(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    assert await b.get_access("digest-1", "content", REPO) is None
+    await a.put_access("digest-1", "content", REPO, True)
+    await a.put_access("public", "content", REPO, False)
+    allowed = await b.get_access("digest-1", "content", REPO)
+    assert allowed is not None and allowed[0] is True and 0 <= allowed[1] < 60
+    assert (await b.get_access("public", "content", REPO))[0] is False  # type: ignore[index]
+    assert await b.get_access("digest-1", "meta", REPO) is None
+
+
+async def test_pinned_blobs_are_the_files_of_pinned_repos(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    commit = "c" * 40
+    await a.put_file(REPO, FileEntry(commit, "a.bin", "1" * 64, 10))
+    await a.put_file(REPO, FileEntry(commit, "missing.bin", missing=True))
+    await a.put_file(DATASET, FileEntry(commit, "b.bin", "2" * 64, 10))
+    assert await b.pinned_blobs() == set()
+    await b.pin(REPO, "operator")
+    assert await a.pinned_blobs() == {"1" * 64}
