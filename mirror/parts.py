@@ -18,6 +18,7 @@ from mirror.fill import FillManager
 from mirror.index import MetadataIndex, index_dir
 from mirror.metadata import MetadataStore, open_metadata
 from mirror.metadata.fleet_leases import FleetLeases
+from mirror.metadata.sharing import SharedMetadata
 from mirror.metrics import Metrics
 from mirror.service import MirrorService
 from mirror.storage import open_store
@@ -107,6 +108,10 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     scrubber = Scrubber(store, metrics, is_busy=busy)
     service = MirrorService(settings, index, store, upstream, fills, access, metrics, make_room=cache.make_room,
                             on_hit=scrubber.suspect if settings.scrub_rate else None)
+    if settings.metadata_url:  # the fleet's database behind this node's index: refs, files, access, pins
+        shared = SharedMetadata(metadata, index)
+        service.shared = access.shared = shared
+        cache.metadata = metadata
     fills.on_commit.append(lambda spec: scrubber.verified(spec.etag))  # a fill verified it: no first-hit re-hash
     # The status page and /metrics count the new blob at once.
     fills.on_commit.append(lambda spec: cache.committed(spec.repo, spec.commit, spec.etag, spec.size))

@@ -31,6 +31,7 @@ from tests.e2e.test_scale_out import (
     get,
     sha256,
 )
+from tests.e2e.test_sync import cli
 from tests.support import postgres_server, s3_server
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.support.mirror_proc import MirrorProcess, metric
@@ -262,3 +263,56 @@ def test_database_down_hits_served_misses_refused_then_back(upstream: EmulatorHa
             return status == 200 and body == expected[cold]
 
         _wait_for(served, "the cold file once the database is back", timeout=60)
+
+
+def test_main_resolved_on_one_node_is_answered_by_another_without_upstream(upstream: EmulatorHandle, nodes: Fleet,
+                                                                         database: str) -> None:
+    emu, fleet = upstream, nodes
+    a, b = start_fleet(fleet, emu, database, count=2)
+    url = f"/{MODEL}/resolve/main/config.json"
+    expected = emu.files.file_bytes("model", MODEL, "main", "config.json")
+    status, body, headers = get(a.url + url)
+    assert status == 200 and body == expected
+    commit = headers["x-repo-commit"]
+
+    def shared() -> bool:  # A hands what it learnt to the database in the background
+        import psycopg
+
+        with psycopg.connect(database, autocommit=True) as conn:
+            refs = conn.execute("SELECT commit FROM hf_mirror_refs WHERE repo = %s AND revision = 'main'",
+                                (f"model:{MODEL}",)).fetchall()
+            files = conn.execute("SELECT count(*) FROM hf_mirror_files WHERE path = 'config.json'").fetchone()
+            public = conn.execute("SELECT count(*) FROM hf_mirror_access WHERE subject = 'public'").fetchone()
+        return refs == [(commit,)] and files == (1,) and public is not None and public[0] >= 1
+
+    _wait_for(shared, "A's ref, file entry and access confirmation in the database")
+    emu.reset_stats()
+    for _ in range(2):
+        status, body, headers = get(b.url + url)
+        assert status == 200 and body == expected and headers["x-repo-commit"] == commit
+    asked = emu.stats()
+    # (counts["requests"] counts the emulator's own control requests too, such as this stats call)
+    assert not asked["requests"] and not asked["fetches"], asked["requests"]
+    assert not {kind: n for kind, n in asked["counts"].items() if n and kind != "requests"}, asked["counts"]
+    print("main resolved on A: B answered it (HEAD and body) with 0 upstream requests")
+
+
+def test_a_pin_on_one_node_survives_a_gc_on_another(upstream: EmulatorHandle, nodes: Fleet, database: str,
+                                                    tmp_path: Path) -> None:
+    emu, fleet = upstream, nodes
+    (a,) = start_fleet(fleet, emu, database, count=1)
+    small = f"/{MODEL}/resolve/main/config.json"
+    assert get(a.url + small)[0] == 200 and get(a.url + BIG_URL)[0] == 200
+    pinned = emu.files.etag("model", MODEL, "main", "config.json")
+    big = emu.files.etag(*BIG[:2], "main", BIG[2])
+    _wait_for(lambda: blob_keys(fleet) == {f"blobs/{e[:2]}/{e}" for e in (pinned, big)}, "both blobs committed")
+    response = httpx.post(a.url + f"/api/mirror/repos/model/{MODEL}/pin", json={}, timeout=30)
+    assert response.status_code == 200, response.text
+    # The gc runs on another node: a fresh cache directory, whose own index knows nothing of A's pin or files.
+    other = tmp_path / "gc-node"
+    other.mkdir()
+    result = cli("cache", "gc", "--max-size", "1K", "--cache-dir", str(other), "--storage", "s3",
+                 "--s3-endpoint", fleet.s3.endpoint, "--s3-bucket", fleet.s3.bucket, "--s3-prefix", fleet.prefix,
+                 "--metadata-url", database, env=fleet.s3.env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert blob_keys(fleet) == {f"blobs/{pinned[:2]}/{pinned}"}, (blob_keys(fleet), result.stdout)
