@@ -65,6 +65,7 @@ class AccessPolicy:
         self._memo: OrderedDict[tuple[str, str, RepoRef], tuple[bool | None, float]] = OrderedDict()
         # The fleet's database (metadata_url), set by the wiring: a confirmation another node got counts here too.
         self.shared: SharedMetadata | None = None
+        self._fleet_asked: OrderedDict[tuple[str, str, RepoRef], float] = OrderedDict()  # when each was last asked
 
     @classmethod
     def from_settings(cls, index: MetadataIndex, settings: Settings) -> AccessPolicy:
@@ -148,7 +149,14 @@ class AccessPolicy:
     async def _recall_fleet(self, key: tuple[str, str, RepoRef]) -> tuple[bool, float] | None:
         """What another node of the fleet confirmed (kept here as well, like a confirmation of our own)."""
         assert self.shared is not None
+        asked = self._fleet_asked.get(key)
+        if asked is not None and time.time() - asked < _UNKNOWN_RECHECK:
+            return None  # the database did not know a moment ago: one query per record per recheck, not per request
         value = await self.shared.access(key[0], key[1], key[2])
+        self._fleet_asked[key] = time.time()
+        self._fleet_asked.move_to_end(key)
+        if len(self._fleet_asked) > _MEMO_ENTRIES:
+            self._fleet_asked.popitem(last=False)
         if value is not None:
             self._memorise(key, value)
             self.index.put_access(key[0], key[1], key[2], value, expire=max(self.ttl, self.grace, 3600.0))
