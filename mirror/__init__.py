@@ -4,7 +4,8 @@ The house, in layers; a module imports only from its own layer or the ones above
 (tests/unit/test_layers.py reads the import graph and holds every module to it):
 
     values and the wire contract  config, errors, hf, routetable, integrity, metrics, logs, asgi   (no I/O)
-    adapters                      index (the one key schema), storage/ (local, s3/), upstream/ (the Hub client)
+    adapters                      index (the one key schema), storage/ (local, s3/), metadata/ (embedded, postgres),
+                                  upstream/ (the Hub client)
     policy                        access, admission/, auth, fill/, service/, viewer, parquet_info, xet/
                                   (no web framework, no HTTP)
     edges                         routes/, sync/, cache/, status/   (turn policy into bytes, runs, reports)

@@ -22,6 +22,7 @@ from mirror.config import Settings
 from mirror.errors import AccessDenied, HubError, MirrorError, UpstreamUnavailable
 from mirror.hf import RepoRef
 from mirror.index import MetadataIndex
+from mirror.metadata.sharing import SharedMetadata
 
 _UNKNOWN_RECHECK = 2.0  # seconds an absent record is trusted before asking the shared index again
 _MEMO_ENTRIES = 20_000
@@ -62,6 +63,9 @@ class AccessPolicy:
         # Random tokens and repo names must not grow the process: a bounded memo in front of the shared index, whose
         # records expire (see MetadataIndex.put_access).
         self._memo: OrderedDict[tuple[str, str, RepoRef], tuple[bool | None, float]] = OrderedDict()
+        # The fleet's database (metadata_url), set by the wiring: a confirmation another node got counts here too.
+        self.shared: SharedMetadata | None = None
+        self._fleet_asked: OrderedDict[tuple[str, str, RepoRef], float] = OrderedDict()  # when each was last asked
 
     @classmethod
     def from_settings(cls, index: MetadataIndex, settings: Settings) -> AccessPolicy:
@@ -100,6 +104,8 @@ class AccessPolicy:
     async def check(self, repo: RepoRef, kind: str, caller: Caller, probe: Probe) -> None:
         """Raise unless ``caller`` may read cached ``kind`` data of ``repo``."""
         public = self._recall(("public", kind, repo))
+        if public is None and self.shared is not None:
+            public = await self._recall_fleet(("public", kind, repo))
         if public is not None and public[0]:
             return  # public until an anonymous upstream request says otherwise (record_public(..., False))
         if self.offline and self.open_unknown and public is None:
@@ -110,6 +116,9 @@ class AccessPolicy:
         trusted_for = min(self.ttl, self.grace) if self.offline else self.ttl
         if known is not None and known[0] and time.time() - known[1] < trusted_for:
             return
+        if self.shared is not None and (fleet := await self._recall_fleet(key)) is not None:
+            if fleet[0] and time.time() - fleet[1] < trusted_for:
+                return
         try:
             await probe(caller.token)
         except UpstreamUnavailable:
@@ -134,6 +143,24 @@ class AccessPolicy:
         self._memorise(key, value)
         # Shared with the other workers; kept as long as it can be used (the grace period), then dropped.
         self.index.put_access(key[0], key[1], key[2], value, expire=max(self.ttl, self.grace, 3600.0))
+        if self.shared is not None:
+            self.shared.share_access(key[0], key[1], key[2], allowed)
+
+    async def _recall_fleet(self, key: tuple[str, str, RepoRef]) -> tuple[bool, float] | None:
+        """What another node of the fleet confirmed (kept here as well, like a confirmation of our own)."""
+        assert self.shared is not None
+        asked = self._fleet_asked.get(key)
+        if asked is not None and time.time() - asked < _UNKNOWN_RECHECK:
+            return None  # the database did not know a moment ago: one query per record per recheck, not per request
+        value = await self.shared.access(key[0], key[1], key[2])
+        self._fleet_asked[key] = time.time()
+        self._fleet_asked.move_to_end(key)
+        if len(self._fleet_asked) > _MEMO_ENTRIES:
+            self._fleet_asked.popitem(last=False)
+        if value is not None:
+            self._memorise(key, value)
+            self.index.put_access(key[0], key[1], key[2], value, expire=max(self.ttl, self.grace, 3600.0))
+        return value
 
     def _memorise(self, key: tuple[str, str, RepoRef], value: tuple[bool | None, float]) -> None:
         self._memo[key] = value

@@ -198,6 +198,12 @@ class Settings(BaseSettings):
     # The URL other nodes of the fleet reach this one at. Published in the fill leases of a shared bucket, so that
     # a node following another's fill streams it from that node at once instead of waiting for its commit.
     node_url: HttpUrl | None = None
+    # The fleet's shared metadata and coordination (issue 25): a PostgreSQL DSN, postgresql://USER@HOST:PORT/DB.
+    # None: the embedded default (this node's index; fill leases in the bucket for storage s3), as before.
+    metadata_url: str | None = None
+    # Lifetime of a fill lease the database grants (its clock decides): a dead or frozen filler is taken over after
+    # this, and a holder renews every third of it.
+    fleet_lease_seconds: float = Field(10.0, gt=0, le=300)
     # Access (issue 6).
     access_ttl: float = 300.0
     # How long a caller's confirmed access to non-public content is honoured when upstream cannot be asked
@@ -335,6 +341,8 @@ class Settings(BaseSettings):
             raise ConfigError(f"viewer_upstream must be an http(s) URL or 'off', got {redact_url(viewer)!r}")
         if self.storage == "s3" and not self.s3_bucket:
             raise ConfigError("storage = 's3' needs s3_bucket")
+        if self.metadata_url is not None and not self.metadata_url.startswith(("postgresql://", "postgres://")):
+            raise ConfigError(f"metadata_url must be a postgresql:// URL, got {redact_url(self.metadata_url)!r}")
         hours = re.fullmatch(r"(\d{1,2})-(\d{1,2})", self.sync_hours) if self.sync_hours else None
         if self.sync_hours and (hours is None or int(hours[1]) > 23 or int(hours[2]) > 24 or hours[1] == hours[2]):
             raise ConfigError(f"sync_hours must be two different hours like 08-18 (start 0-23, end 0-24), got "
@@ -367,6 +375,8 @@ class Settings(BaseSettings):
                 out[key] = "***"
         out["upstream"] = self.upstream_display
         out["viewer_upstream"] = redact_url(self.viewer_upstream or "")
+        if self.metadata_url:
+            out["metadata_url"] = redact_url(self.metadata_url)  # a DSN may carry a password
         return {k: str(v) if isinstance(v, Path) else v for k, v in out.items()}
 
 

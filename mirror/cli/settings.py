@@ -31,7 +31,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
     "warm jobs": ("warm_jobs", "warm_queue", "warm_rate", "warm_max_bytes"),
     "xet": ("serve_xet", "xet_token_ttl", "xet_signing_secret"),
     "fleet (storage s3)": ("storage", "s3_endpoint", "s3_bucket", "s3_prefix", "s3_region", "hot_tier_max_size",
-                           "lease_stale_seconds", "node_url"),
+                           "lease_stale_seconds", "node_url", "metadata_url", "fleet_lease_seconds"),
     "admission policy": ("policy_dry_run", "policy_scan", "policy_scan_allow_globals", "policy_hub_unsafe",
                          "policy_hub_caution", "policy_hub_unscanned", "policy_allow_files", "policy_block_files",
                          "policy_allow_licenses", "policy_deny_licenses", "policy_license_unknown",
@@ -111,6 +111,11 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
         help="fill lease lifetime in seconds: a dead node's fill is taken over after this (storage s3; default 30)")
     add("--node-url", help="URL the other nodes reach this node at, e.g. http://node-1:8090: they stream its "
         "fills in progress from it (storage s3)")
+    add("--metadata-url", help="the fleet's PostgreSQL database, postgresql://USER@HOST:PORT/DB: fill leases "
+        "(and shared metadata) for every node (default: none, each node alone; docs/scale-out.md)")
+    add("--fleet-lease-seconds", type=float,
+        help="lifetime of a fill lease the database grants: a dead or frozen filler is taken over after this "
+        "(with --metadata-url; default 10)")
     add("--parallel-fill-threshold", help="files of at least this size are fetched upstream over several "
         "connections, e.g. 64M (default; 0: never)")
     add("--fill-connections", type=int, help="concurrent Range requests of one large fill (default 8)")

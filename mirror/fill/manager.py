@@ -31,7 +31,7 @@ from mirror.fill.state import Fill, FillSpec
 from mirror.fill.threads import FillThreads
 from mirror.fill.windows import in_windows
 from mirror.metrics import Metrics
-from mirror.storage.base import BlobStore, PeerAddress
+from mirror.storage.base import BlobStore, LeaseLost, PeerAddress
 from mirror.upstream import UpstreamClient
 
 log = logging.getLogger("hf_mirror.fill")
@@ -192,10 +192,15 @@ class FillManager:
                 if await self.store.acquire_lease(spec.etag, self.owner, self.lease_ttl, peer):
                     fill.leading = True
                     try:
-                        await self._download(fill)
+                        done = await self._download_while_leased(fill)
                     finally:
                         await self.store.release_lease(spec.etag, self.owner)
-                    break
+                    if done:
+                        break
+                    # The lease went to another node: follow it (or find the blob it committed).
+                    fill.leading = False
+                    fill.run_end = fill.want = None
+                    continue
                 fill.windowed = False  # another process or node fills it: its contiguous prefix is what we see
                 await self._follower.follow(fill, copy)
             self.metrics.fills.labels(result="ok").inc()
@@ -212,6 +217,33 @@ class FillManager:
         finally:
             self.metrics.fills_in_flight.dec()
             self._fills.pop(spec.etag, None)
+
+    async def _download_while_leased(self, fill: Fill) -> bool:
+        """Download and commit under the lease; False when the lease was lost first (then nothing was committed).
+
+        A store whose leases can be lost (a fleet database's) says so by an event: the download stops at once,
+        so a holder that cannot renew stops fetching within one renewal interval."""
+        lease_lost = getattr(self.store, "lease_lost", None)
+        lost = lease_lost(fill.spec.etag) if lease_lost is not None else None
+        try:
+            if lost is None:
+                await self._download(fill)
+                return True
+            download = asyncio.create_task(self._download(fill), name=f"download:{fill.spec.etag[:12]}")
+            signal = asyncio.create_task(lost.wait())
+            try:
+                await asyncio.wait({download, signal}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (download, signal):
+                    task.cancel()
+                await asyncio.wait({download, signal})
+            if download.cancelled():
+                raise LeaseLost(f"the fill lease of {fill.spec.etag} was lost")
+            download.result()
+            return True
+        except LeaseLost as exc:
+            log.warning("fill of %s stopped: %s", fill.spec.path, exc)
+            return False
 
     async def _download(self, fill: Fill) -> None:
         """Download ``fill`` from upstream (this process holds its lease) and commit it."""

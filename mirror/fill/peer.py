@@ -7,7 +7,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 from mirror.errors import IntegrityError, MirrorError, UpstreamUnavailable
@@ -51,6 +53,10 @@ class Follower:
 
     async def follow(self, fill: Fill, copy: PeerCopy) -> None:
         """Another process holds the lease: follow its fill until it commits or its lease goes away."""
+        watch = getattr(self.store, "watch_lease", None)
+        if watch is not None:
+            await self._follow_told(fill, copy, watch)
+            return
         etag = fill.spec.etag
         lease_check_every = max(1, int(0.5 / _FOLLOW_POLL))
         ticks = 0
@@ -67,6 +73,58 @@ class Follower:
             if ticks % lease_check_every == 0:
                 lease = await self.store.read_lease(etag)
             await asyncio.sleep(_FOLLOW_POLL)
+
+    async def _follow_told(self, fill: Fill, copy: PeerCopy, watch: Any) -> None:
+        """Follow with a store that announces lease changes (a fleet database): no polling of the bucket. Each round
+        waits for an announcement (a grant, release or commit anywhere) or for the lease's expiry on the store's
+        clock, whichever is first; a peer stream in progress is cut then, so a frozen holder's followers move on
+        within its lease, never held by a stalled stream."""
+        etag = fill.spec.etag
+        holder: PeerAddress | None = None
+        while True:
+            async with watch(etag) as change:  # subscribed before reading: no change is missed in between
+                lease = await self.store.read_lease(etag)
+                if lease is None or await self.store.stat(etag) is not None:
+                    return
+                if lease.peer != holder:  # a new holder (a takeover): stream from it, from where we are
+                    holder, copy.failures = lease.peer, 0
+                remaining = max(lease.expires - time.time(), 0.0) + 0.05
+                if not self._on_another_node(lease):
+                    with contextlib.suppress(FileNotFoundError):  # the holder writes the very partial file we read
+                        fill.advance(on_disk_prefix(fill.partial))
+                    await change.wait(min(remaining, _FOLLOW_POLL))
+                elif lease.peer is not None and not copy.verified and copy.failures < _PEER_TRIES:
+                    await self._copy_until_change(fill, lease, copy, change)
+                else:
+                    await change.wait(remaining)
+
+    async def _copy_until_change(self, fill: Fill, lease: Lease, copy: PeerCopy, change: Any) -> None:
+        """Stream from the holder while its lease lives; cut the stream at an announcement or when the lease is no
+        longer the same live one (expired, released, taken over)."""
+        assert lease.peer is not None
+        streaming = asyncio.create_task(self._copy_from_peer(fill, lease.peer, copy),
+                                        name=f"peer:{fill.spec.etag[:12]}")
+        try:
+            while not streaming.done():
+                waiting = asyncio.create_task(change.wait(max(lease.expires - time.time(), 0.0) + 0.05))
+                try:
+                    await asyncio.wait({streaming, waiting}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiting.cancel()
+                    await asyncio.wait({waiting})
+                if streaming.done():
+                    break
+                # Announced, or the lease's time is up: cut the stream only if the holder changed or is gone
+                # (a commit is announced too, and the stream then ends by itself).
+                current = await self.store.read_lease(fill.spec.etag)
+                if current is None or current.owner != lease.owner or current.peer != lease.peer:
+                    break
+                lease = current  # renewed by a live holder: keep streaming
+        finally:
+            streaming.cancel()
+            await asyncio.wait({streaming})
+        if not streaming.cancelled():
+            streaming.result()  # a copy that failed its hash
 
     def _on_another_node(self, lease: Lease) -> bool:
         return lease.peer is not None and lease.peer.url != self.node_url

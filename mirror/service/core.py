@@ -13,7 +13,8 @@ from mirror.admission import AdmissionGate
 from mirror.config import Settings
 from mirror.errors import MirrorError, UpstreamUnavailable
 from mirror.fill import FillManager
-from mirror.index import MetadataIndex
+from mirror.index import FileEntry, MetadataIndex
+from mirror.metadata.sharing import SharedMetadata
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobStore
 from mirror.upstream import UpstreamClient
@@ -39,6 +40,8 @@ class ServiceCore:
         # Upstream's Xet hashes (mirror.xet.XetCatalog), set by the app when it serves Xet: learned from upstream's
         # answers, put back on tree / paths-info answers (the cached JSON stays Xet-free).
         self.xet: Any = None
+        # The fleet's database behind the index (metadata_url), set by the wiring: asked before upstream.
+        self.shared: SharedMetadata | None = None
 
     # --- revisions -------------------------------------------------------------------------------------------------
 
@@ -53,9 +56,25 @@ class ServiceCore:
             entry = self.index.get_ref(repo, revision)
         return entry.commit if entry else None
 
+    async def _fleet_commit(self, repo: hf.RepoRef, revision: str) -> str | None:
+        """What the fleet's database says ``revision`` is (resolved by another node within the ttl), if shared."""
+        if self.shared is None or self.settings.offline:
+            return None
+        return await self.shared.commit_of(repo, revision, self.settings.revision_ttl)
+
+    async def _fleet_file(self, repo: hf.RepoRef, commit: str, path: str) -> FileEntry | None:
+        return await self.shared.file(repo, commit, path) if self.shared is not None else None
+
     def _remember_ref(self, repo: hf.RepoRef, revision: str, commit: str) -> None:
         if revision != commit and hf.is_commit(commit):
             self.index.put_ref(repo, revision, commit)
+            if self.shared is not None:
+                self.shared.share_ref(repo, revision, commit)
+
+    def _remember_file(self, repo: hf.RepoRef, entry: FileEntry) -> None:
+        self.index.put_file(repo, entry)
+        if self.shared is not None:
+            self.shared.share_file(repo, entry)
 
     async def learn_visibility(self, repo: hf.RepoRef, caller: Caller) -> None:
         """For a caller lent the service token, whose own requests upstream never tell what an anonymous caller may

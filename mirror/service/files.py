@@ -46,9 +46,10 @@ class FileService(ServiceCore):
     async def resolve_file(self, target: hf.ResolveTarget, caller: Caller) -> ResolvedFile:
         """What ``target`` is: commit, etag, size. Raises the Hub's errors (EntryNotFound carries the commit)."""
         repo, revision, path = target.repo, target.revision, target.path
-        commit = self._known_commit(repo, revision, fresh=True)
+        commit = self._known_commit(repo, revision, fresh=True) or await self._fleet_commit(repo, revision)
         if commit is not None:
-            entry = self.index.get_file(repo, commit, path) or entry_from_listing(self.index, repo, commit, path)
+            entry = (self.index.get_file(repo, commit, path) or entry_from_listing(self.index, repo, commit, path)
+                     or await self._fleet_file(repo, commit, path))
             if entry is not None:
                 await self._check_content_access(repo, revision, path, caller)
                 return self._found(repo, entry, _HIT)
@@ -59,7 +60,7 @@ class FileService(ServiceCore):
         except EntryNotFound as exc:
             if exc.commit:
                 self._remember_ref(repo, revision, exc.commit)
-                self.index.put_file(repo, FileEntry(exc.commit, path, missing=True))
+                self._remember_file(repo, FileEntry(exc.commit, path, missing=True))
             raise
         except UpstreamUnavailable as exc:
             return self._stale_file(target, caller, exc)
@@ -69,7 +70,7 @@ class FileService(ServiceCore):
             raise
         self._remember_ref(repo, revision, meta.commit)
         entry = FileEntry(meta.commit, path, blob_key(meta.etag), meta.size, lfs=bool(hf.SHA256_RE.match(meta.etag)))
-        self.index.put_file(repo, entry)
+        self._remember_file(repo, entry)
         if self.xet is not None and entry.lfs:
             self.xet.record(repo, meta.commit, path, meta.xet_hash, entry.etag, meta.size)
         self.access.record_public(repo, "content", caller.token)

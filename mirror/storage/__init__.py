@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from mirror.config import ConfigError, Settings
 from mirror.storage.base import BlobStore
 from mirror.storage.local import LocalBlobStore
 
 
-def open_store(settings: Settings) -> BlobStore:
+def open_store(settings: Settings, *, leases: Any = None) -> BlobStore:
     """The store ``settings`` ask for: local disk under ``cache_dir``, or a shared S3 bucket with ``cache_dir`` as
-    its hot tier. S3 connections open lazily, on the running event loop (call ``await store.open()`` to check)."""
+    its hot tier. S3 connections open lazily, on the running event loop (call ``await store.open()`` to check).
+    ``leases``: the fill leases of a fleet database (``mirror.storage.s3.leases.FillLeases``) for the bucket's own."""
     if settings.storage == "s3":
         try:
             from mirror.storage.s3 import S3BlobStore  # aiobotocore (the s3 extra) is only imported where it is used
@@ -19,5 +22,5 @@ def open_store(settings: Settings) -> BlobStore:
         assert settings.s3_bucket is not None  # Settings validates it
         return S3BlobStore(settings.cache_dir, bucket=settings.s3_bucket, prefix=settings.s3_prefix,
                            endpoint=settings.s3_endpoint, region=settings.s3_region,
-                           hot_tier_max_size=settings.hot_tier_max_size)
+                           hot_tier_max_size=settings.hot_tier_max_size, leases=leases)
     return LocalBlobStore(settings.cache_dir)

@@ -17,6 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "mirror"
 LOCAL_IMPORTS_ALLOWED = {
     ("mirror.storage", "mirror.storage.s3"):
         "aiobotocore is the optional s3 extra: only storage = 's3' imports it",
+    ("mirror.metadata", "mirror.metadata.postgres"):
+        "psycopg is the optional fleet extra: only metadata_url imports it",
     ("mirror.cli.serve", "mirror.server"):
         "only `serve` loads the server stack (uvicorn, FastAPI: ~0.5 s); `cache` and `sync` start without it",
 }
@@ -224,7 +226,7 @@ def test_the_layer_rules_see_their_modules() -> None:
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("values and the wire contract", ("mirror.config", "mirror.errors", "mirror.hf", "mirror.integrity",
                                       "mirror.metrics", "mirror.logs", "mirror.asgi", "mirror.routetable")),
-    ("adapters", ("mirror.index", "mirror.storage", "mirror.upstream")),
+    ("adapters", ("mirror.index", "mirror.storage", "mirror.metadata", "mirror.upstream")),
     ("policy", ("mirror.access", "mirror.admission", "mirror.auth", "mirror.fill", "mirror.service", "mirror.viewer",
                 "mirror.parquet_info", "mirror.xet")),
     ("edges", ("mirror.routes", "mirror.sync", "mirror.cache", "mirror.status")),

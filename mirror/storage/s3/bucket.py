@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +97,17 @@ class Bucket:
                 return None
             raise
 
-    async def put_blob(self, etag: str, partial: Path, size: int) -> None:
+    async def put_blob(self, etag: str, partial: Path, size: int,
+                       fence: Callable[[], AbstractAsyncContextManager[None]] | None = None) -> None:
         """Upload a blob once: a second writer of the same etag (same bytes by construction) is told it exists,
-        which is success."""
-        if size <= _SINGLE_PUT_MAX:
+        which is success.
+
+        With ``fence`` (a fleet database's fill lease), the bytes go up as a multipart upload and only its completion
+        runs inside the fence: a holder that lost its lease never completes, and a blob already committed is never
+        completed a second time (the fence holds every other committer of the etag off while this one checks)."""
+        if fence is not None:
+            await self._put_fenced(etag, partial, size, fence)
+        elif size <= _SINGLE_PUT_MAX:
             await self._put_small(etag, partial)
         else:
             await self._put_multipart(etag, partial, size)
@@ -113,7 +121,17 @@ class Bucket:
             if http_status(exc) not in (409, 412):  # 412: already there (same etag, same bytes): that is success
                 raise
 
-    async def _put_multipart(self, etag: str, partial: Path, size: int) -> None:
+    async def _put_fenced(self, etag: str, partial: Path, size: int,
+                          fence: Callable[[], AbstractAsyncContextManager[None]]) -> None:
+        if size == 0:  # no parts to upload: the empty object is put inside the fence
+            async with fence():
+                if await self.head_blob(etag) is None:
+                    await self._put_small(etag, partial)
+            return
+        await self._put_multipart(etag, partial, size, fence)
+
+    async def _put_multipart(self, etag: str, partial: Path, size: int,
+                             fence: Callable[[], AbstractAsyncContextManager[None]] | None = None) -> None:
         client = await self.client()
         key = self.blob_key(etag)
         part_size = max(_PART_SIZE, -(-size // _MAX_PARTS))
@@ -131,8 +149,18 @@ class Bucket:
 
         try:
             parts = await asyncio.gather(*(put_part(n) for n in range(1, -(-size // part_size) + 1)))
-            await client.complete_multipart_upload(Bucket=self.name, Key=key, UploadId=upload_id,
-                                                   MultipartUpload={"Parts": list(parts)})
+            if fence is None:
+                await client.complete_multipart_upload(Bucket=self.name, Key=key, UploadId=upload_id,
+                                                       MultipartUpload={"Parts": list(parts)})
+                return
+            async with fence():
+                if await self.head_blob(etag) is not None:
+                    raise _AlreadyCommitted
+                await client.complete_multipart_upload(Bucket=self.name, Key=key, UploadId=upload_id,
+                                                       MultipartUpload={"Parts": list(parts)})
+        except _AlreadyCommitted:  # same etag, same bytes: success, and the upload is dropped
+            with contextlib.suppress(Exception):
+                await client.abort_multipart_upload(Bucket=self.name, Key=key, UploadId=upload_id)
         except BaseException:
             with contextlib.suppress(Exception):
                 await client.abort_multipart_upload(Bucket=self.name, Key=key, UploadId=upload_id)
@@ -162,6 +190,10 @@ class Bucket:
                 name = item["Key"][len(base):].rsplit("/", 1)[-1]
                 if name and not name.startswith("."):
                     yield BlobInfo(name, int(item["Size"]), item["LastModified"].timestamp())
+
+
+class _AlreadyCommitted(Exception):
+    """Another node committed the blob first (found inside the fence)."""
 
 
 def _read_range(path: Path, offset: int, length: int) -> bytes:

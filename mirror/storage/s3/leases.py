@@ -23,7 +23,7 @@ import os
 import socket
 import time
 import uuid
-from typing import Any
+from typing import Any, Protocol
 
 from botocore.exceptions import ClientError
 
@@ -32,6 +32,22 @@ from mirror.storage.s3.bucket import Bucket
 from mirror.storage.s3.errors import http_status
 
 log = logging.getLogger("hf_mirror.storage.s3")
+
+
+class FillLeases(Protocol):
+    """What the S3 store needs of its fill leases: the bucket's own (:class:`Leases`), or a fleet database's
+    (:class:`mirror.metadata.fleet_leases.FleetLeases`, with fencing, notifications and a renewal thread)."""
+
+    held: dict[str, Any]  # etag -> a lease this process holds (with its ``owner``)
+    rechecks_blob: bool  # whether ``acquire`` itself gives back a lease won for a blob already committed
+
+    async def acquire(self, etag: str, owner: str, ttl: float, peer: PeerAddress | None = None) -> bool: ...
+
+    async def refresh(self, etag: str, owner: str, ttl: float) -> bool: ...
+
+    async def release(self, etag: str, owner: str) -> None: ...
+
+    async def read(self, etag: str) -> Lease | None: ...
 
 
 class HeldLease:
@@ -46,6 +62,8 @@ class HeldLease:
 
 
 class Leases:
+    rechecks_blob = True
+
     def __init__(self, bucket: Bucket) -> None:
         self.bucket = bucket
         self.held: dict[str, HeldLease] = {}  # etag -> the lease this process holds

@@ -18,11 +18,11 @@ from typing import Any
 
 from mirror.errors import IntegrityError, MirrorError
 from mirror.integrity import BlobHasher
-from mirror.storage.base import BlobInfo, CopyProgress, Lease, PeerAddress
+from mirror.storage.base import BlobInfo, CopyProgress, Lease, LeaseLost, PeerAddress
 from mirror.storage.s3.bucket import Bucket
 from mirror.storage.s3.errors import storage_errors
 from mirror.storage.s3.hot_tier import HotTier
-from mirror.storage.s3.leases import Leases
+from mirror.storage.s3.leases import FillLeases, Leases
 
 log = logging.getLogger("hf_mirror.storage.s3")
 
@@ -31,7 +31,8 @@ _READ_CHUNK = 4 * 1024 * 1024
 
 class S3BlobStore:
     def __init__(self, cache_dir: Path, *, bucket: str, prefix: str = "", endpoint: str | None = None,
-                 region: str = "us-east-1", hot_tier_max_size: int | None = None, max_attempts: int = 3) -> None:
+                 region: str = "us-east-1", hot_tier_max_size: int | None = None, max_attempts: int = 3,
+                 leases: FillLeases | None = None) -> None:
         self.root = Path(cache_dir)
         self.bucket = bucket
         self.prefix = (prefix.strip("/") + "/") if prefix.strip("/") else ""
@@ -42,7 +43,12 @@ class S3BlobStore:
         self.max_attempts = max_attempts
         self.objects = Bucket(bucket, prefix=self.prefix, endpoint=endpoint, region=region, max_attempts=max_attempts)
         self.hot_tier = HotTier(self.root, max_size=self.hot_tier_max_size)
-        self.leases = Leases(self.objects)
+        # The bucket's lease objects, unless a fleet database grants the leases (--metadata-url): then the commit is
+        # fenced by it, and followers are told of changes instead of polling.
+        self.leases: FillLeases = leases if leases is not None else Leases(self.objects)
+        self._fence = getattr(self.leases, "fence", None)
+        self.watch_lease = getattr(self.leases, "watch", None)
+        self.lease_lost = getattr(self.leases, "lost", None)
         self.blobs_dir = self.hot_tier.blobs_dir
         self.partials_dir = self.root / "partials"  # CacheManager.sweep_partials looks here
         self.tmp_dir = self.hot_tier.tmp_dir
@@ -63,6 +69,9 @@ class S3BlobStore:
                     await self.release_lease(etag, held.owner)
                 except MirrorError as exc:  # the lease then lapses after its ttl
                     log.warning("could not release the fill lease of %s: %s", etag, exc)
+        closer = getattr(self.leases, "aclose", None)
+        if closer is not None:  # the renewal thread
+            await closer()
         await self.objects.aclose()
 
     # --- blobs ------------------------------------------------------------------------------------------------------
@@ -141,8 +150,12 @@ class S3BlobStore:
     @storage_errors
     async def commit(self, etag: str, partial: Path) -> Path:
         size = os.stat(partial).st_size
+        lost = self.lease_lost(etag) if self.lease_lost is not None else None
+        if lost is not None and lost.is_set():  # do not even upload the parts
+            raise LeaseLost(f"the fill lease of {etag} was lost before its commit")
+        fence = (lambda: self._fence(etag)) if self._fence is not None else None
         with self.hot_tier.entering(etag):
-            await self.objects.put_blob(etag, partial, size)
+            await self.objects.put_blob(etag, partial, size, fence=fence)
             return await self.hot_tier.enter(etag, partial, size)
 
     async def adopt(self, etag: str, copy: Path) -> Path | None:
@@ -178,7 +191,13 @@ class S3BlobStore:
 
     @storage_errors
     async def acquire_lease(self, etag: str, owner: str, ttl: float, peer: PeerAddress | None = None) -> bool:
-        return await self.leases.acquire(etag, owner, ttl, peer)
+        if not await self.leases.acquire(etag, owner, ttl, peer):
+            return False
+        if not self.leases.rechecks_blob and await self.objects.head_blob(etag) is not None:
+            # Committed by another node between the caller's stat and our grant: no fill is needed.
+            await self.leases.release(etag, owner)
+            return False
+        return True
 
     @storage_errors
     async def refresh_lease(self, etag: str, owner: str, ttl: float) -> bool:

@@ -1,0 +1,142 @@
+"""The metadata store: what the nodes of a fleet must agree on, behind one interface.
+
+Two implementations pass the one contract suite (``tests/contract/test_metadata_contract.py``):
+
+- :class:`mirror.metadata.embedded.EmbeddedMetadata`, the default: this node's index (refs, pins) and a lease table
+  beside it on local disk. One node, no server to run.
+- :class:`mirror.metadata.postgres.PostgresMetadata` (``--metadata-url postgresql://...``): one database for the
+  fleet. Leases are decided by the database's clock and carry a fencing epoch; changes are announced by
+  ``LISTEN``/``NOTIFY``.
+
+A *fill lease* names the one process that downloads a blob. It has an ``epoch`` that grows at every grant to a new
+holder; only the holder of the current epoch may commit (:meth:`MetadataStore.fence`), so a holder that was frozen
+past its lease and resumes commits nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from mirror.hf import RepoRef
+from mirror.index import FileEntry
+from mirror.metadata.announce import Subscription
+from mirror.storage.base import PeerAddress
+
+
+@dataclass(frozen=True)
+class RefRecord:
+    """Where a branch or tag pointed, and how many seconds ago (by the store's clock) that was learnt."""
+
+    commit: str
+    age: float
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """A live fill lease: who holds it, under which epoch, for how many more seconds (the store's clock)."""
+
+    etag: str
+    owner: str
+    epoch: int
+    remaining: float
+    peer: PeerAddress | None = None
+
+
+@dataclass(frozen=True)
+class HeldLease:
+    """A lease this process holds, as the renewal thread renews it."""
+
+    etag: str
+    owner: str
+    epoch: int
+
+
+@runtime_checkable
+class MetadataStore(Protocol):
+    async def open(self) -> None:
+        """Connect and apply the schema's migrations (a wrong URL or credential fails here, at startup)."""
+        ...
+
+    async def aclose(self) -> None:
+        ...
+
+    # --- refs: branch or tag -> commit ------------------------------------------------------------------------------
+
+    async def get_ref(self, repo: RepoRef, revision: str) -> RefRecord | None:
+        ...
+
+    async def put_ref(self, repo: RepoRef, revision: str, commit: str) -> None:
+        ...
+
+    # --- files: (repo, commit, path) -> blob etag and size (or a remembered 404) ----------------------------------
+
+    async def get_file(self, repo: RepoRef, commit: str, path: str) -> FileEntry | None:
+        ...
+
+    async def put_file(self, repo: RepoRef, entry: FileEntry) -> None:
+        ...
+
+    # --- access confirmations: (token digest or "public", kind, repo) -> allowed, how long ago ---------------------
+
+    async def get_access(self, subject: str, kind: str, repo: RepoRef) -> tuple[bool, float] | None:
+        """(allowed, seconds since it was confirmed, by the store's clock). ``subject`` is a token's digest, never
+        a token."""
+        ...
+
+    async def put_access(self, subject: str, kind: str, repo: RepoRef, allowed: bool) -> None:
+        ...
+
+    # --- pins: repos gc never evicts --------------------------------------------------------------------------------
+
+    async def pin(self, repo: RepoRef, source: str) -> None:
+        """Pin a repo; a pin that exists keeps its source (a manifest owns its pins)."""
+        ...
+
+    async def unpin(self, repo: RepoRef) -> str | None:
+        """Remove a pin; the source it had, or None when the repo was not pinned."""
+        ...
+
+    async def pins(self) -> dict[str, str]:
+        """Every pinned repo (its ``RepoRef.key``) -> who pinned it."""
+        ...
+
+    async def pinned_blobs(self) -> set[str]:
+        """The etags of every known file of a pinned repo (gc keeps them, whichever node pinned the repo)."""
+        ...
+
+    # --- fill leases ------------------------------------------------------------------------------------------------
+
+    async def acquire_lease(self, etag: str, owner: str, ttl: float, peer: PeerAddress | None = None) -> int | None:
+        """Grant the lease of ``etag`` for ``ttl`` seconds if it is free, expired or already ``owner``'s: its
+        epoch (a new, larger one for a new holder), else None."""
+        ...
+
+    def renew_leases(self, held: Iterable[HeldLease], ttl: float) -> set[str]:
+        """Extend each of ``held`` to ``ttl`` seconds from now; the etags still held under their epoch.
+
+        Blocking and thread-safe: the renewal thread calls it (off the event loop, on its own connection), so a busy
+        loop cannot lose a lease. Raises when the store cannot be reached."""
+        ...
+
+    async def release_lease(self, etag: str, owner: str, epoch: int) -> None:
+        """Free the lease if ``owner`` still holds it under ``epoch`` (a lease taken over stays with its new holder)."""
+        ...
+
+    async def read_lease(self, etag: str) -> LeaseRecord | None:
+        """The live lease of ``etag``; None when it is free or expired (free to take)."""
+        ...
+
+    def fence(self, etag: str, owner: str, epoch: int) -> AbstractAsyncContextManager[None]:
+        """``async with store.fence(...)``: the body (the blob's commit) runs only while ``owner`` holds ``epoch``,
+        and no new holder can be granted the lease until it ends; raises LeaseLost otherwise."""
+        ...
+
+    def changed(self, etag: str) -> AbstractAsyncContextManager[Subscription]:
+        """``async with store.changed(etag) as change:`` then read the state, then ``await change.wait(timeout)``:
+        returns at the next grant, release or commit of ``etag``'s lease (anywhere, for a shared store), or after
+        ``timeout`` seconds. Subscribing before reading means no change between the read and the wait is missed."""
+        ...
+

@@ -1,0 +1,151 @@
+"""The embedded metadata store, the default: this node's index (refs, pins) and a lease table on local disk.
+
+It wraps what a single node always had, so a node without ``--metadata-url`` behaves as before. Its leases are
+rows of a diskcache table under the cache directory (SQLite transactions make a grant atomic across the worker
+processes of one host, whose clock they share); its announcements reach this process's waiters only, which is all
+one node needs (a waiter's timeout covers the other worker processes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+
+import diskcache
+
+from mirror.hf import RepoRef
+from mirror.index import FileEntry, MetadataIndex
+from mirror.metadata.announce import Announcements, Subscription
+from mirror.metadata.base import HeldLease, LeaseRecord, RefRecord
+from mirror.storage.base import LeaseLost, PeerAddress
+
+
+class EmbeddedMetadata:
+    def __init__(self, index: MetadataIndex, leases_dir: Path) -> None:
+        self.index = index
+        self.leases_dir = leases_dir
+        self._leases: diskcache.Cache | None = None
+        self._announcements = Announcements()
+
+    async def open(self) -> None:
+        """Nothing to connect: the lease table opens at its first use (a node that never fills never creates it)."""
+
+    async def aclose(self) -> None:
+        if self._leases is not None:
+            self._leases.close()
+            self._leases = None
+
+    def _table(self) -> diskcache.Cache:
+        if self._leases is None:
+            self._leases = diskcache.Cache(str(self.leases_dir), eviction_policy="none")
+        return self._leases
+
+    # --- refs -------------------------------------------------------------------------------------------------------
+
+    async def get_ref(self, repo: RepoRef, revision: str) -> RefRecord | None:
+        entry = self.index.get_ref(repo, revision)
+        return None if entry is None else RefRecord(entry.commit, max(time.time() - entry.fetched_at, 0.0))
+
+    async def put_ref(self, repo: RepoRef, revision: str, commit: str) -> None:
+        self.index.put_ref(repo, revision, commit)
+
+    # --- files and access confirmations: the index's own ---------------------------------------------------------
+
+    async def get_file(self, repo: RepoRef, commit: str, path: str) -> FileEntry | None:
+        return self.index.get_file(repo, commit, path)
+
+    async def put_file(self, repo: RepoRef, entry: FileEntry) -> None:
+        self.index.put_file(repo, entry)
+
+    async def get_access(self, subject: str, kind: str, repo: RepoRef) -> tuple[bool, float] | None:
+        value = self.index.get_access(subject, kind, repo)
+        return None if value is None else (bool(value[0]), max(time.time() - value[1], 0.0))
+
+    async def put_access(self, subject: str, kind: str, repo: RepoRef, allowed: bool) -> None:
+        self.index.put_access(subject, kind, repo, (allowed, time.time()))
+
+    # --- pins -------------------------------------------------------------------------------------------------------
+
+    async def pin(self, repo: RepoRef, source: str) -> None:
+        self.index.pin_repo(repo, source)
+
+    async def unpin(self, repo: RepoRef) -> str | None:
+        return self.index.unpin_repo(repo)
+
+    async def pins(self) -> dict[str, str]:
+        return {f"{kind}:{repo_id}": source for (kind, repo_id), source in self.index.pin_sources().items()}
+
+    async def pinned_blobs(self) -> set[str]:
+        pinned = self.index.pinned_repos()
+        return {entry.etag for kind, repo_id, entry in self.index.iter_files()
+                if (kind, repo_id) in pinned and entry.etag and not entry.missing}
+
+    # --- fill leases: etag -> (owner, epoch, expires, peer url, peer token); owner None when free ------------------
+
+    async def acquire_lease(self, etag: str, owner: str, ttl: float, peer: PeerAddress | None = None) -> int | None:
+        table = self._table()
+        with table.transact():
+            now = time.time()
+            row = table.get(etag)
+            epoch = 0
+            if row is not None:
+                held_by, epoch, expires = row[0], row[1], row[2]
+                if held_by == owner and expires > now:
+                    table.set(etag, (owner, epoch, now + ttl, *_peer(peer)))
+                    return int(epoch)
+                if held_by is not None and expires > now:
+                    return None
+            epoch += 1
+            table.set(etag, (owner, epoch, now + ttl, *_peer(peer)))
+        self._announcements.announce(etag)
+        return int(epoch)
+
+    def renew_leases(self, held: Iterable[HeldLease], ttl: float) -> set[str]:
+        table = self._table()
+        kept: set[str] = set()
+        with table.transact():
+            now = time.time()
+            for lease in held:
+                row = table.get(lease.etag)
+                if row is not None and row[0] == lease.owner and row[1] == lease.epoch:
+                    table.set(lease.etag, (row[0], row[1], now + ttl, row[3], row[4]))
+                    kept.add(lease.etag)
+        return kept
+
+    async def release_lease(self, etag: str, owner: str, epoch: int) -> None:
+        table = self._table()
+        with table.transact():
+            row = table.get(etag)
+            if row is None or row[0] != owner or row[1] != epoch:
+                return
+            table.set(etag, (None, epoch, 0.0, None, None))
+        self._announcements.announce(etag)
+
+    async def read_lease(self, etag: str) -> LeaseRecord | None:
+        row = self._table().get(etag)
+        if row is None or row[0] is None:
+            return None
+        remaining = row[2] - time.time()
+        if remaining <= 0:
+            return None
+        peer = PeerAddress(row[3], row[4]) if row[3] else None
+        return LeaseRecord(etag, row[0], int(row[1]), remaining, peer)
+
+    @contextlib.asynccontextmanager
+    async def fence(self, etag: str, owner: str, epoch: int) -> AsyncIterator[None]:
+        # One node: a check suffices (a grant to another holder needs this lease to lapse first, which its renewal
+        # thread prevents while the commit runs).
+        row = self._table().get(etag)
+        if row is None or row[0] != owner or row[1] != epoch:
+            raise LeaseLost(f"the fill lease of {etag} is no longer held under epoch {epoch}")
+        yield
+        self._announcements.announce(etag)
+
+    def changed(self, etag: str) -> contextlib.AbstractAsyncContextManager[Subscription]:
+        return self._announcements.changed(etag)
+
+
+def _peer(peer: PeerAddress | None) -> tuple[str | None, str | None]:
+    return (peer.url, peer.token) if peer is not None else (None, None)

@@ -1,0 +1,390 @@
+"""The fleet's metadata in PostgreSQL (``--metadata-url postgresql://USER@HOST:PORT/DB``).
+
+- *Driver: psycopg 3* with ``psycopg_pool``. One driver gives the async pool for the request path, a plain
+  blocking connection for the lease renewal thread (off the event loop: a busy loop cannot lose a lease) and
+  ``LISTEN``/``NOTIFY`` as an async iterator; asyncpg has no blocking API, so it would need a second driver.
+- *The database's clock decides leases*: every expiry is ``now() + ttl`` and every check ``expires > now()``, in
+  SQL; no node's clock is compared with another's.
+- *A grant is one statement* (``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` free or expired): the row lock makes
+  exactly one contender win, and each new holder gets ``epoch + 1``.
+- *The commit is fenced*: :meth:`fence` locks the lease row (``FOR UPDATE``) and checks owner and epoch; a new
+  grant waits on that lock until the commit ends, and a frozen committer's transaction is ended by the server
+  (``idle_in_transaction_session_timeout``), so it cannot hold the others for long.
+- *Changes are announced* with ``NOTIFY hf_mirror_leases, '<etag>'`` on grant, release and commit; one listening
+  connection per process wakes the waiters of that etag.
+- *Migrations* are numbered SQL scripts applied at start, in one transaction under an advisory lock, so nodes
+  starting together apply each once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, ParamSpec, TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from mirror.errors import MirrorError, redact_url
+from mirror.hf import RepoRef
+from mirror.index import FileEntry
+from mirror.metadata.announce import Announcements, Subscription
+from mirror.metadata.base import HeldLease, LeaseRecord, RefRecord
+from mirror.storage.base import LeaseLost, PeerAddress
+
+log = logging.getLogger("hf_mirror.metadata")
+
+CHANNEL = "hf_mirror_leases"
+_MIGRATION_LOCK = 0x6866_6D69  # pg_advisory_xact_lock key: "hfmi"
+
+# Append only: a script, once released, is never edited (nodes record the versions they applied).
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE hf_mirror_fill_leases (
+        etag        text PRIMARY KEY,
+        owner       text,                   -- NULL: free
+        epoch       bigint NOT NULL,        -- grows at every grant to a new holder: fences stale holders
+        expires     timestamptz NOT NULL,   -- the database's clock
+        peer_url    text,
+        peer_token  text
+    );
+    CREATE TABLE hf_mirror_refs (
+        repo        text NOT NULL,
+        revision    text NOT NULL,
+        commit      text NOT NULL,
+        fetched_at  timestamptz NOT NULL,
+        PRIMARY KEY (repo, revision)
+    );
+    CREATE TABLE hf_mirror_pins (
+        repo        text PRIMARY KEY,
+        source      text NOT NULL,
+        pinned_at   timestamptz NOT NULL DEFAULT now()
+    );
+    """,
+    """
+    CREATE TABLE hf_mirror_files (
+        repo        text NOT NULL,
+        commit      text NOT NULL,
+        path        text NOT NULL,
+        etag        text NOT NULL,          -- '' for a remembered 404
+        size        bigint NOT NULL,
+        lfs         boolean NOT NULL,
+        missing     boolean NOT NULL,
+        PRIMARY KEY (repo, commit, path)
+    );
+    CREATE INDEX hf_mirror_files_by_repo ON hf_mirror_files (repo);
+    CREATE TABLE hf_mirror_access (
+        subject       text NOT NULL,        -- a token's digest, or 'public'; never a token
+        kind          text NOT NULL,
+        repo          text NOT NULL,
+        allowed       boolean NOT NULL,
+        confirmed_at  timestamptz NOT NULL,
+        PRIMARY KEY (subject, kind, repo)
+    );
+    """,
+)
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+class MetadataUnavailable(MirrorError):
+    """The fleet's database could not be reached or refused a request."""
+
+    status = 503
+    code = "MetadataUnavailable"
+
+
+def database_errors(func: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]:
+    """Driver and pool failures become a MirrorError (a clear 503), never a bare 500."""
+
+    @functools.wraps(func)
+    async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return await func(*args, **kwargs)
+        except (psycopg.Error, TimeoutError) as exc:
+            raise MetadataUnavailable(f"metadata database failed during {func.__name__}: {exc}") from exc
+
+    return wrapper
+
+
+class PostgresMetadata:
+    def __init__(self, url: str, *, pool_size: int = 8, connect_timeout: float = 10.0,
+                 fence_timeout: float = 30.0) -> None:
+        self.url = url
+        self.pool_size = pool_size
+        self.connect_timeout = connect_timeout
+        self.fence_timeout = fence_timeout
+        self._pool: AsyncConnectionPool | None = None
+        self._announcements = Announcements()
+        self._listener: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()
+        self._renewal_conn: psycopg.Connection[Any] | None = None
+        self._renewal_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"PostgresMetadata({redact_url(self.url)})"
+
+    async def open(self) -> None:
+        pool = AsyncConnectionPool(self.url, min_size=1, max_size=self.pool_size, open=False,
+                                   kwargs={"autocommit": True}, timeout=self.connect_timeout,
+                                   check=AsyncConnectionPool.check_connection)
+        try:
+            await pool.open(wait=True, timeout=self.connect_timeout)
+        except psycopg.Error as exc:
+            await pool.close()
+            raise MetadataUnavailable(f"metadata database {redact_url(self.url)} is not usable: {exc}") from exc
+        except TimeoutError as exc:  # psycopg_pool's PoolTimeout is one
+            await pool.close()
+            raise MetadataUnavailable(f"metadata database {redact_url(self.url)} did not answer") from exc
+        self._pool = pool
+        await self._migrate()
+        self._listener = asyncio.create_task(self._listen(), name="metadata:listen")
+        with contextlib.suppress(TimeoutError):  # it reconnects by itself; waiters have timeouts meanwhile
+            await asyncio.wait_for(self._listening.wait(), self.connect_timeout)
+
+    async def aclose(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+            self._listener = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+        with self._renewal_lock:
+            if self._renewal_conn is not None:
+                self._renewal_conn.close()
+                self._renewal_conn = None
+
+    @property
+    def pool(self) -> AsyncConnectionPool:
+        if self._pool is None:
+            raise MetadataUnavailable("the metadata store is not open")
+        return self._pool
+
+    @database_errors
+    async def _migrate(self) -> None:
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            await conn.execute("CREATE TABLE IF NOT EXISTS hf_mirror_schema ("
+                               "version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
+            row = await (await conn.execute("SELECT coalesce(max(version), 0) FROM hf_mirror_schema")).fetchone()
+            current = int(row[0]) if row else 0
+            if current > len(MIGRATIONS):
+                raise MetadataUnavailable(f"the metadata database has schema version {current}, newer than this "
+                                          f"node knows ({len(MIGRATIONS)}): upgrade the node")
+            for version, script in enumerate(MIGRATIONS[current:], start=current + 1):
+                await conn.execute(script)
+                await conn.execute("INSERT INTO hf_mirror_schema (version) VALUES (%s)", (version,))
+                log.info("metadata schema migrated to version %d", version)
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True,
+                                                             connect_timeout=int(self.connect_timeout))
+                async with conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    self._listening.set()
+                    self._announcements.announce_all()  # whatever happened while we were not listening
+                    async for note in conn.notifies():
+                        self._announcements.announce(note.payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the database restarts: listen again; waiters time out meanwhile
+                if self._listening.is_set():
+                    log.warning("lost the metadata notification channel: %s", exc)
+            self._listening.clear()
+            self._announcements.announce_all()
+            await asyncio.sleep(1.0)
+
+    # --- refs -------------------------------------------------------------------------------------------------------
+
+    @database_errors
+    async def get_ref(self, repo: RepoRef, revision: str) -> RefRecord | None:
+        async with self.pool.connection() as conn:
+            row = await (await conn.execute(
+                "SELECT commit, greatest(extract(epoch FROM now() - fetched_at), 0) FROM hf_mirror_refs "
+                "WHERE repo = %s AND revision = %s", (repo.key, revision))).fetchone()
+        return None if row is None else RefRecord(str(row[0]), float(row[1]))
+
+    @database_errors
+    async def put_ref(self, repo: RepoRef, revision: str, commit: str) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO hf_mirror_refs (repo, revision, commit, fetched_at) VALUES (%s, %s, %s, now()) "
+                "ON CONFLICT (repo, revision) DO UPDATE SET commit = EXCLUDED.commit, fetched_at = EXCLUDED.fetched_at",
+                (repo.key, revision, commit))
+
+    # --- files -------------------------------------------------------------------------------------------------------
+
+    @database_errors
+    async def get_file(self, repo: RepoRef, commit: str, path: str) -> FileEntry | None:
+        async with self.pool.connection() as conn:
+            row = await (await conn.execute(
+                "SELECT etag, size, lfs, missing FROM hf_mirror_files WHERE repo = %s AND commit = %s AND path = %s",
+                (repo.key, commit, path))).fetchone()
+        return None if row is None else FileEntry(commit, path, str(row[0]), int(row[1]), bool(row[2]), bool(row[3]))
+
+    @database_errors
+    async def put_file(self, repo: RepoRef, entry: FileEntry) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO hf_mirror_files (repo, commit, path, etag, size, lfs, missing) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (repo, commit, path) DO UPDATE SET "
+                "etag = EXCLUDED.etag, size = EXCLUDED.size, lfs = EXCLUDED.lfs, missing = EXCLUDED.missing",
+                (repo.key, entry.commit, entry.path, entry.etag, entry.size, entry.lfs, entry.missing))
+
+    # --- access confirmations ---------------------------------------------------------------------------------------
+
+    @database_errors
+    async def get_access(self, subject: str, kind: str, repo: RepoRef) -> tuple[bool, float] | None:
+        async with self.pool.connection() as conn:
+            row = await (await conn.execute(
+                "SELECT allowed, greatest(extract(epoch FROM now() - confirmed_at), 0) FROM hf_mirror_access "
+                "WHERE subject = %s AND kind = %s AND repo = %s", (subject, kind, repo.key))).fetchone()
+        return None if row is None else (bool(row[0]), float(row[1]))
+
+    @database_errors
+    async def put_access(self, subject: str, kind: str, repo: RepoRef, allowed: bool) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO hf_mirror_access (subject, kind, repo, allowed, confirmed_at) "
+                "VALUES (%s, %s, %s, %s, now()) ON CONFLICT (subject, kind, repo) DO UPDATE SET "
+                "allowed = EXCLUDED.allowed, confirmed_at = EXCLUDED.confirmed_at", (subject, kind, repo.key, allowed))
+
+    # --- pins -------------------------------------------------------------------------------------------------------
+
+    @database_errors
+    async def pin(self, repo: RepoRef, source: str) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute("INSERT INTO hf_mirror_pins (repo, source) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                               (repo.key, source))
+
+    @database_errors
+    async def unpin(self, repo: RepoRef) -> str | None:
+        async with self.pool.connection() as conn:
+            row = await (await conn.execute("DELETE FROM hf_mirror_pins WHERE repo = %s RETURNING source",
+                                            (repo.key,))).fetchone()
+        return None if row is None else str(row[0])
+
+    @database_errors
+    async def pins(self) -> dict[str, str]:
+        async with self.pool.connection() as conn:
+            rows = await (await conn.execute("SELECT repo, source FROM hf_mirror_pins")).fetchall()
+        return {str(repo): str(source) for repo, source in rows}
+
+    @database_errors
+    async def pinned_blobs(self) -> set[str]:
+        async with self.pool.connection() as conn:
+            rows = await (await conn.execute(
+                "SELECT DISTINCT f.etag FROM hf_mirror_files f JOIN hf_mirror_pins p ON p.repo = f.repo "
+                "WHERE NOT f.missing AND f.etag <> ''")).fetchall()
+        return {str(row[0]) for row in rows}
+
+    # --- fill leases ------------------------------------------------------------------------------------------------
+
+    @database_errors
+    async def acquire_lease(self, etag: str, owner: str, ttl: float, peer: PeerAddress | None = None) -> int | None:
+        async with self.pool.connection() as conn:
+            row = await (await conn.execute(
+                """
+                WITH granted AS (
+                    INSERT INTO hf_mirror_fill_leases AS l (etag, owner, epoch, expires, peer_url, peer_token)
+                    VALUES (%(etag)s, %(owner)s, 1, now() + make_interval(secs => %(ttl)s), %(url)s, %(token)s)
+                    ON CONFLICT (etag) DO UPDATE SET
+                        owner = EXCLUDED.owner,
+                        -- the same holder renewing keeps its epoch; any other grant is a new epoch
+                        epoch = CASE WHEN l.owner = EXCLUDED.owner AND l.expires > now() THEN l.epoch
+                                     ELSE l.epoch + 1 END,
+                        expires = EXCLUDED.expires, peer_url = EXCLUDED.peer_url, peer_token = EXCLUDED.peer_token
+                    WHERE l.owner IS NULL OR l.expires <= now() OR l.owner = EXCLUDED.owner
+                    RETURNING l.epoch
+                )
+                SELECT epoch, pg_notify(%(channel)s, %(etag)s) FROM granted
+                """,
+                {"etag": etag, "owner": owner, "ttl": ttl, "url": peer.url if peer else None,
+                 "token": peer.token if peer else None, "channel": CHANNEL})).fetchone()
+        return None if row is None else int(row[0])
+
+    def renew_leases(self, held: Iterable[HeldLease], ttl: float) -> set[str]:
+        leases = list(held)
+        if not leases:
+            return set()
+        with self._renewal_lock:
+            try:
+                conn = self._renewal_connection(ttl)
+                rows = conn.execute(
+                    """
+                    UPDATE hf_mirror_fill_leases AS l SET expires = now() + make_interval(secs => %s)
+                    FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS h(etag, owner, epoch)
+                    WHERE l.etag = h.etag AND l.owner = h.owner AND l.epoch = h.epoch
+                    RETURNING l.etag
+                    """,
+                    (ttl, [lease.etag for lease in leases], [lease.owner for lease in leases],
+                     [lease.epoch for lease in leases])).fetchall()
+            except psycopg.Error:
+                if self._renewal_conn is not None:
+                    self._renewal_conn.close()
+                    self._renewal_conn = None
+                raise
+        return {str(row[0]) for row in rows}
+
+    def _renewal_connection(self, ttl: float) -> psycopg.Connection[Any]:
+        """The renewal thread's own connection: a pool shared with the requests could make it wait its turn."""
+        if self._renewal_conn is None or self._renewal_conn.closed:
+            # A renewal that cannot finish within a third of the ttl is as good as failed: do not hang on it.
+            budget_ms = max(int(ttl * 1000 / 3), 200)
+            self._renewal_conn = psycopg.connect(self.url, autocommit=True,
+                                                 connect_timeout=max(int(ttl / 3), 1),
+                                                 options=f"-c statement_timeout={budget_ms}")
+        return self._renewal_conn
+
+    @database_errors
+    async def release_lease(self, etag: str, owner: str, epoch: int) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                """
+                WITH freed AS (
+                    UPDATE hf_mirror_fill_leases SET owner = NULL, expires = now(), peer_url = NULL, peer_token = NULL
+                    WHERE etag = %(etag)s AND owner = %(owner)s AND epoch = %(epoch)s RETURNING etag
+                )
+                SELECT pg_notify(%(channel)s, etag) FROM freed
+                """, {"etag": etag, "owner": owner, "epoch": epoch, "channel": CHANNEL})
+
+    @database_errors
+    async def read_lease(self, etag: str) -> LeaseRecord | None:
+        async with self.pool.connection() as conn:
+            row = await (await conn.execute(
+                "SELECT owner, epoch, extract(epoch FROM expires - now()), peer_url, peer_token "
+                "FROM hf_mirror_fill_leases WHERE etag = %s AND owner IS NOT NULL AND expires > now()",
+                (etag,))).fetchone()
+        if row is None:
+            return None
+        peer = PeerAddress(str(row[3]), str(row[4] or "")) if row[3] else None
+        return LeaseRecord(etag, str(row[0]), int(row[1]), float(row[2]), peer)
+
+    @contextlib.asynccontextmanager
+    async def fence(self, etag: str, owner: str, epoch: int) -> AsyncIterator[None]:
+        try:
+            async with self.pool.connection() as conn, conn.transaction():
+                # A committer frozen inside the fence (SIGSTOP) holds the row lock: the server ends its transaction.
+                await conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
+                                   (str(int(self.fence_timeout * 1000)),))
+                row = await (await conn.execute(
+                    "SELECT owner, epoch FROM hf_mirror_fill_leases WHERE etag = %s FOR UPDATE", (etag,))).fetchone()
+                if row is None or row[0] != owner or int(row[1]) != epoch:
+                    raise LeaseLost(f"the fill lease of {etag} is no longer held under epoch {epoch} "
+                                    f"(now {row[0] if row else 'nobody'}, epoch {row[1] if row else '-'})")
+                yield
+                await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, etag))
+        except psycopg.Error as exc:
+            raise MetadataUnavailable(f"metadata database failed while fencing the commit of {etag}: {exc}") from exc
+
+    def changed(self, etag: str) -> contextlib.AbstractAsyncContextManager[Subscription]:
+        return self._announcements.changed(etag)

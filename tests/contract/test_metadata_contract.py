@@ -1,0 +1,233 @@
+"""The metadata contract (:mod:`mirror.metadata.base`), one suite run against both implementations.
+
+``embedded`` is the default (this node's index and a lease table on its disk); ``postgres`` is
+:class:`mirror.metadata.postgres.PostgresMetadata` against a real PostgreSQL server on 127.0.0.1 started by the tests
+(``tests/support/postgres_server.py``), a fresh database per test. ``stores.node()`` opens the store as another node
+sees it: another connection to the same database for ``postgres``; for ``embedded`` (one node) the same store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mirror.hf import RepoRef, RepoType
+from mirror.index import FileEntry, MetadataIndex
+from mirror.metadata import EmbeddedMetadata, HeldLease, MetadataStore
+from mirror.storage.base import LeaseLost, PeerAddress
+
+BACKENDS = ["embedded", "postgres"]
+REPO = RepoRef(RepoType.MODEL, "acme/tiny")
+DATASET = RepoRef(RepoType.DATASET, "acme/data")
+
+
+class Stores:
+    def __init__(self, backend: str, tmp: Path, url: str | None) -> None:
+        self.backend = backend
+        self.tmp = tmp
+        self.url = url
+        self.opened: list[Any] = []
+        self.index: MetadataIndex | None = None
+
+    async def node(self) -> MetadataStore:
+        if self.backend == "embedded":
+            if self.opened:
+                return self.opened[0]  # type: ignore[no-any-return]
+            self.index = MetadataIndex(self.tmp / "index")
+            store: MetadataStore = EmbeddedMetadata(self.index, self.tmp / "fill-leases")
+        else:
+            from mirror.metadata.postgres import PostgresMetadata
+
+            assert self.url is not None
+            store = PostgresMetadata(self.url)
+        await store.open()
+        self.opened.append(store)
+        return store
+
+    async def close(self) -> None:
+        for store in self.opened:
+            await store.aclose()
+        if self.index is not None:
+            self.index.close()
+
+
+@pytest.fixture(params=BACKENDS)
+async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Stores]:
+    url = request.getfixturevalue("postgres").create_database() if request.param == "postgres" else None
+    opened = Stores(request.param, tmp_path, url)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+def etag() -> str:
+    return uuid.uuid4().hex + "00000000"
+
+
+async def eventually(check: Any, deadline: float = 30.0) -> None:
+    """Wait (by events where the store offers them, by short naps otherwise) until ``check()`` is true."""
+    end = time.monotonic() + deadline
+    while not await check():
+        assert time.monotonic() < end, "the condition never came true"
+        await asyncio.sleep(0.05)
+
+
+# --- schema -----------------------------------------------------------------------------------------------------------
+
+async def test_opening_twice_applies_the_schema_once(stores: Stores) -> None:
+    first = await stores.node()
+    await first.put_ref(REPO, "main", "a" * 40)
+    nodes = await asyncio.gather(*(stores.node() for _ in range(3)))  # nodes starting together
+    for node in nodes:
+        record = await node.get_ref(REPO, "main")
+        assert record is not None and record.commit == "a" * 40
+
+
+# --- refs -------------------------------------------------------------------------------------------------------------
+
+async def test_a_ref_put_on_one_node_is_read_on_another(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    assert await b.get_ref(REPO, "main") is None
+    await a.put_ref(REPO, "main", "a" * 40)
+    record = await b.get_ref(REPO, "main")
+    assert record is not None and record.commit == "a" * 40 and 0 <= record.age < 60
+    await b.put_ref(REPO, "main", "b" * 40)
+    assert (await a.get_ref(REPO, "main")).commit == "b" * 40  # type: ignore[union-attr]
+    assert await a.get_ref(REPO, "v1.0") is None
+    assert await a.get_ref(DATASET, "main") is None
+
+
+# --- pins -------------------------------------------------------------------------------------------------------------
+
+async def test_pins_are_shared_and_keep_their_source(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    await a.pin(REPO, "operator")
+    await a.pin(DATASET, "manifest:nightly")
+    await b.pin(REPO, "manifest:other")  # a pin that exists keeps its source
+    assert await b.pins() == {REPO.key: "operator", DATASET.key: "manifest:nightly"}
+    assert await b.unpin(REPO) == "operator"
+    assert await a.unpin(REPO) is None
+    assert await a.pins() == {DATASET.key: "manifest:nightly"}
+
+
+# --- fill leases ------------------------------------------------------------------------------------------------------
+
+async def test_one_holder_at_a_time_and_epochs_grow(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    tag = etag()
+    peer = PeerAddress("http://node-a:8090", "tok")
+    first = await a.acquire_lease(tag, "node-a", 30, peer)
+    assert first is not None
+    assert await b.acquire_lease(tag, "node-b", 30) is None
+    assert await a.acquire_lease(tag, "node-a", 30, peer) == first  # already ours: same epoch
+    lease = await b.read_lease(tag)
+    assert lease is not None and lease.owner == "node-a" and lease.epoch == first and lease.peer == peer
+    assert 0 < lease.remaining <= 30
+    await b.release_lease(tag, "node-b", first)  # not b's: nothing happens
+    assert (await a.read_lease(tag)) is not None
+    await a.release_lease(tag, "node-a", first)
+    assert await b.read_lease(tag) is None
+    second = await b.acquire_lease(tag, "node-b", 30)
+    assert second is not None and second > first
+
+
+async def test_exactly_one_of_many_contenders_wins(stores: Stores) -> None:
+    nodes = [await stores.node() for _ in range(4)]
+    tag = etag()
+    grants = await asyncio.gather(*(nodes[i % 4].acquire_lease(tag, f"owner-{i}", 30) for i in range(24)))
+    assert sum(grant is not None for grant in grants) == 1
+
+
+async def test_an_expired_lease_is_taken_over_and_the_old_holder_is_fenced(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    tag = etag()
+    old = await a.acquire_lease(tag, "node-a", 0.3)
+    assert old is not None
+
+    async def expired() -> bool:
+        return await b.read_lease(tag) is None
+
+    await eventually(expired)
+    new = await b.acquire_lease(tag, "node-b", 30)
+    assert new is not None and new > old
+    # The frozen holder wakes up: it cannot renew, and its commit is refused.
+    assert await asyncio.to_thread(a.renew_leases, [HeldLease(tag, "node-a", old)], 30) == set()
+    with pytest.raises(LeaseLost):
+        async with a.fence(tag, "node-a", old):
+            raise AssertionError("a stale holder's commit ran")
+    async with b.fence(tag, "node-b", new):
+        pass
+    await a.release_lease(tag, "node-a", old)  # a stale release frees nothing
+    lease = await a.read_lease(tag)
+    assert lease is not None and lease.owner == "node-b"
+
+
+async def test_renewal_keeps_a_lease_past_its_ttl(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    tag, other = etag(), etag()
+    epoch = await a.acquire_lease(tag, "node-a", 0.6)
+    assert epoch is not None
+    held = [HeldLease(tag, "node-a", epoch), HeldLease(other, "node-a", 7)]  # the second was never granted
+    for _ in range(6):
+        assert await asyncio.to_thread(a.renew_leases, held, 5) == {tag}
+        await asyncio.sleep(0.2)
+    assert await b.acquire_lease(tag, "node-b", 5) is None
+    lease = await b.read_lease(tag)
+    assert lease is not None and lease.epoch == epoch and lease.remaining > 1
+
+
+async def test_waiters_hear_of_a_grant_and_a_release(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    tag = etag()
+    async with a.changed(tag) as change:
+        epoch = await b.acquire_lease(tag, "node-b", 30)
+        assert epoch is not None
+        assert await change.wait(30)
+        await b.release_lease(tag, "node-b", epoch)
+        assert await change.wait(30)
+        assert await a.read_lease(tag) is None
+    async with a.changed(etag()) as quiet:
+        assert not await quiet.wait(0.1)  # nothing happened to that one
+
+
+# --- files, access confirmations, pinned blobs -----------------------------------------------------------------------
+
+async def test_file_entries_are_shared(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    commit = "c" * 40
+    entry = FileEntry(commit, "sub/model.bin", "e" * 64, 1234, lfs=True)
+    assert await b.get_file(REPO, commit, entry.path) is None
+    await a.put_file(REPO, entry)
+    await a.put_file(REPO, FileEntry(commit, "gone.txt", missing=True))
+    assert await b.get_file(REPO, commit, entry.path) == entry
+    assert await b.get_file(REPO, commit, "gone.txt") == FileEntry(commit, "gone.txt", missing=True)
+    assert await b.get_file(DATASET, commit, entry.path) is None
+
+
+async def test_access_confirmations_are_shared_by_digest(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    assert await b.get_access("digest-1", "content", REPO) is None
+    await a.put_access("digest-1", "content", REPO, True)
+    await a.put_access("public", "content", REPO, False)
+    allowed = await b.get_access("digest-1", "content", REPO)
+    assert allowed is not None and allowed[0] is True and 0 <= allowed[1] < 60
+    assert (await b.get_access("public", "content", REPO))[0] is False  # type: ignore[index]
+    assert await b.get_access("digest-1", "meta", REPO) is None
+
+
+async def test_pinned_blobs_are_the_files_of_pinned_repos(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    commit = "c" * 40
+    await a.put_file(REPO, FileEntry(commit, "a.bin", "1" * 64, 10))
+    await a.put_file(REPO, FileEntry(commit, "missing.bin", missing=True))
+    await a.put_file(DATASET, FileEntry(commit, "b.bin", "2" * 64, 10))
+    assert await b.pinned_blobs() == set()
+    await b.pin(REPO, "operator")
+    assert await a.pinned_blobs() == {"1" * 64}

@@ -1,0 +1,318 @@
+"""A fleet on real engines (issue 25): 3 nodes on one bucket and one PostgreSQL database (``--metadata-url``).
+
+Real processes on 127.0.0.1: the Hub emulator, SeaweedFS, PostgreSQL 15 (``tests/support/postgres_server.py``, a fresh
+database per test) and ``python -m mirror serve --storage s3 ... --metadata-url postgresql://...`` nodes. The
+database grants the fill leases (its clock, a fencing epoch), renewed by a thread of each node; followers are told
+of changes by LISTEN/NOTIFY. Upstream traffic is counted by the emulator (bodies and bytes served).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.test_scale_out import (
+    BIG,
+    BIG_SIZE,
+    BIG_URL,
+    MODEL,
+    Fleet,
+    _fill_active,
+    _fill_written,
+    _wait_for,
+    get,
+    sha256,
+)
+from tests.e2e.test_sync import cli
+from tests.support import postgres_server, s3_server
+from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
+from tests.support.mirror_proc import MirrorProcess, metric
+
+TTL = 3.0  # the fleet lease ttl of these tests (default 10): a dead or frozen filler is passed over after it
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorHandle]:
+    with run_emulator(tmp_path_factory.mktemp("hub"), big_file_size=BIG_SIZE) as handle:
+        yield handle
+
+
+@pytest.fixture
+def upstream(hub: EmulatorHandle) -> Iterator[EmulatorHandle]:
+    hub.clear_faults()
+    hub.reset_stats()
+    yield hub
+    hub.clear_faults()
+
+
+@pytest.fixture
+def nodes(s3: s3_server.S3Server, tmp_path: Path) -> Iterator[Fleet]:
+    out = Fleet(s3, tmp_path)
+    try:
+        yield out
+    finally:
+        for proc in out.nodes:  # a node left frozen by a failed test must not hold its stop for 30 s
+            if proc.proc is not None:
+                proc.proc.send_signal(signal.SIGCONT)
+        out.stop()
+
+
+@pytest.fixture
+def database(postgres: postgres_server.PostgresServer) -> str:
+    return postgres.create_database()
+
+
+def start_fleet(fleet: Fleet, emu: EmulatorHandle, database: str, count: int = 3) -> list[MirrorProcess]:
+    """``count`` nodes on the fleet's bucket and ``database``, as ``Fleet.start`` does, with a startup deadline
+    that survives a loaded machine."""
+    storage = ["--storage", "s3", "--s3-endpoint", fleet.s3.endpoint, "--s3-bucket", fleet.s3.bucket,
+               "--s3-prefix", fleet.prefix, "--metadata-url", database]
+    procs = []
+    for _ in range(count):
+        name = f"node{len(fleet.nodes)}"
+        (fleet.tmp / name).mkdir(parents=True, exist_ok=True)
+        proc = MirrorProcess(emu.url, fleet.tmp / name / "cache", *storage,
+                             env={**fleet.s3.env, "HF_MIRROR_FLEET_LEASE_SECONDS": str(TTL)})
+        proc.env["HF_MIRROR_NODE_URL"] = proc.url
+        fleet.nodes.append(proc)
+        procs.append(proc)
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        list(pool.map(lambda proc: proc.start(timeout=90), procs))
+    return procs
+
+
+def blob_keys(fleet: Fleet) -> set[str]:
+    return {key for key in fleet.bucket_keys() if key.startswith("blobs/")}
+
+
+def lease_row(database: str, etag: str) -> tuple[Any, ...] | None:
+    import psycopg
+
+    with psycopg.connect(database, autocommit=True) as conn:
+        return conn.execute("SELECT owner, epoch FROM hf_mirror_fill_leases WHERE etag = %s", (etag,)).fetchone()
+
+
+def stream_into(url: str, got: dict[str, Any]) -> None:
+    body = bytearray()
+    try:
+        with httpx.stream("GET", url, timeout=120) as response:
+            got["status"] = response.status_code
+            for chunk in response.iter_raw():
+                body += chunk
+    except httpx.HTTPError as exc:
+        got["error"] = type(exc).__name__
+    got["body"] = bytes(body)
+    got["done"] = time.monotonic()
+
+
+def test_cold_clients_on_three_nodes_one_upstream_fetch(upstream: EmulatorHandle, nodes: Fleet,
+                                                        database: str) -> None:
+    emu, fleet = upstream, nodes
+    started_nodes = start_fleet(fleet, emu, database)
+    data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
+    emu.set_faults(throttle_bps=4 * 2**20)  # about 2 s: the 15 requests overlap the fill on every node
+    barrier = threading.Barrier(15)
+
+    def one(i: int) -> tuple[int, str]:
+        barrier.wait()
+        status, body, _ = get(started_nodes[i % 3].url + BIG_URL)
+        return status, sha256(body)
+
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(15) as pool:
+        results = list(pool.map(one, range(15)))
+    elapsed = time.monotonic() - started
+    assert results == [(200, sha256(data))] * 15, results
+    assert emu.fetch_count(*BIG) == 1, emu.stats()["fetches"]
+    etag = emu.files.etag(*BIG[:2], "main", BIG[2])
+    _wait_for(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "one blob in the bucket")
+    assert not any(key.startswith("leases/") for key in fleet.bucket_keys()), "the database holds the leases"
+    row = lease_row(database, etag)
+    assert row is not None and row[0] is None, row  # released after the commit
+    print(f"15 cold requests over 3 nodes (database leases): {elapsed:.2f}s, upstream fetches: 1, "
+          f"upstream bytes {emu.stats()['bytes_served'] / len(data):.2f}x the file")
+
+
+def test_filler_killed_at_30_percent_is_taken_over_within_the_ttl(upstream: EmulatorHandle, nodes: Fleet,
+                                                                 database: str) -> None:
+    emu, fleet = upstream, nodes
+    a, b, c = start_fleet(fleet, emu, database)
+    data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
+    emu.set_faults(throttle_bps=2**20)  # an 8 s fill
+    got: list[dict[str, Any]] = [{}, {}, {}]
+    readers = [threading.Thread(target=stream_into, args=(node.url + BIG_URL, got[i]))
+               for i, node in enumerate((a, b, c))]
+    readers[0].start()
+    _wait_for(lambda: _fill_written(a) > 256 * 1024, "node A to be filling")
+    readers[1].start()
+    readers[2].start()
+    _wait_for(lambda: _fill_active(b) and _fill_active(c), "nodes B and C to follow A's fill")
+    _wait_for(lambda: _fill_written(a) >= 0.3 * len(data), "node A at 30 %")
+    a.kill9()
+    killed_at = time.monotonic()
+    # What upstream sent the dead node (its socket is gone: the emulator goes on "sending" into the void, so its
+    # later count is no measure; the survivors count what they fetch themselves).
+    sent_to_a = emu.stats()["bytes_served"]
+    emu.clear_faults()
+    for reader in readers[1:]:
+        reader.join(60)
+    readers[0].join(10)
+    for result in got[1:]:
+        assert result.get("status") == 200 and result["body"] == data, {k: v for k, v in result.items() if k != "body"}
+    takeover = max(result["done"] for result in got[1:]) - killed_at
+    assert takeover < TTL + 5, f"the takeover took {takeover:.1f}s (ttl {TTL}s)"
+    fetched = sum(metric(node, "hf_mirror_bytes_fetched_total") for node in (b, c))
+    upstream = (sent_to_a + fetched) / len(data)
+    assert upstream <= 1.3, f"upstream bytes {upstream:.2f}x the file: {sent_to_a} to A, {fetched} to B and C"
+    etag = emu.files.etag(*BIG[:2], "main", BIG[2])
+    _wait_for(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "one blob in the bucket")
+    row = lease_row(database, etag)
+    assert row is not None and row[1] >= 2, row  # granted again, under a new epoch
+    print(f"filler killed at 30 %: B and C complete {takeover:.2f}s after the kill (ttl {TTL}s), "
+          f"upstream bytes {upstream:.2f}x the file")
+
+
+def test_filler_frozen_past_its_lease_commits_nothing(upstream: EmulatorHandle, nodes: Fleet,
+                                                      database: str) -> None:
+    emu, fleet = upstream, nodes
+    a, b, c = start_fleet(fleet, emu, database)
+    data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
+    etag = emu.files.etag(*BIG[:2], "main", BIG[2])
+    emu.set_faults(throttle_bps=2**20)
+    got: list[dict[str, Any]] = [{}, {}, {}]
+    readers = [threading.Thread(target=stream_into, args=(node.url + BIG_URL, got[i]))
+               for i, node in enumerate((a, b, c))]
+    readers[0].start()
+    _wait_for(lambda: _fill_written(a) > 256 * 1024, "node A to be filling")
+    readers[1].start()
+    readers[2].start()
+    _wait_for(lambda: _fill_active(b) and _fill_active(c), "nodes B and C to follow A's fill")
+    _wait_for(lambda: _fill_written(a) >= 0.3 * len(data), "node A at 30 %")
+    assert a.proc is not None
+    a.proc.send_signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        emu.clear_faults()
+        for reader in readers[1:]:
+            reader.join(60)
+        for result in got[1:]:
+            assert result.get("status") == 200 and result["body"] == data, \
+                {k: v for k, v in result.items() if k != "body"}
+        moved_on = max(result["done"] for result in got[1:]) - stopped_at
+        assert moved_on < TTL + 10, f"the followers were held {moved_on:.1f}s by a frozen filler (ttl {TTL}s)"
+        _wait_for(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "the takeover's commit")
+        row = lease_row(database, etag)
+        assert row is not None and row[1] >= 2, row
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+    # A wakes up past its lease: its renewal finds the lease gone, it stops and commits nothing.
+    _wait_for(lambda: "lost the fill lease" in a.log(), "node A to learn it lost the lease", timeout=30)
+    readers[0].join(60)
+    if got[0].get("status") == 200 and len(got[0]["body"]) == len(data):
+        assert got[0]["body"] == data
+    assert f"as {etag}" not in a.log(), a.log()[-3000:]  # "committed <repo> <path> (<n> bytes) as <etag>"
+    assert blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}
+    uploads = fleet.s3.client().list_multipart_uploads(Bucket=fleet.s3.bucket, Prefix=fleet.prefix)
+    assert not uploads.get("Uploads"), uploads.get("Uploads")
+    status, body, _ = get(a.url + BIG_URL)
+    assert status == 200 and body == data
+    print(f"filler frozen at 30 %: followers done {moved_on:.2f}s after SIGSTOP (ttl {TTL}s)")
+
+
+@pytest.fixture(autouse=True)
+def _needs_the_fleet_extra() -> Iterator[None]:
+    pytest.importorskip("psycopg")
+    yield
+
+
+def test_database_down_hits_served_misses_refused_then_back(upstream: EmulatorHandle, nodes: Fleet) -> None:
+    """A database of its own (it is stopped and started again): hits need no database; a cold miss fails while it is
+    down; once it is back, the node carries on without a restart."""
+    emu, fleet = upstream, nodes
+    with postgres_server.PostgresServer() as own:
+        (node,) = start_fleet(fleet, emu, own.create_database(), count=1)
+        warm, cold = (f"/{MODEL}/resolve/main/{path}" for path in ("config.json", "sub/nested.txt"))
+        expected = {url: emu.files.file_bytes("model", MODEL, "main", url.rsplit("/main/", 1)[1])
+                    for url in (warm, cold)}
+        status, body, _ = get(node.url + warm)
+        assert status == 200 and body == expected[warm]
+        own.stop()
+        for _ in range(3):
+            status, body, _ = get(node.url + warm)
+            assert status == 200 and body == expected[warm], status
+        # No lease can be granted: the fill fails (its response may have begun: then the transfer is cut).
+        try:
+            status, body, _ = get(node.url + cold)
+        except httpx.HTTPError:
+            pass
+        else:
+            assert status == 503 or body != expected[cold], (status, body[:200])
+        assert "MetadataUnavailable" in node.log() or "metadata database" in node.log()
+        own.start()
+
+        def served() -> bool:
+            status, body, _ = get(node.url + cold)
+            return status == 200 and body == expected[cold]
+
+        _wait_for(served, "the cold file once the database is back", timeout=60)
+
+
+def test_main_resolved_on_one_node_is_answered_by_another_without_upstream(upstream: EmulatorHandle, nodes: Fleet,
+                                                                         database: str) -> None:
+    emu, fleet = upstream, nodes
+    a, b = start_fleet(fleet, emu, database, count=2)
+    url = f"/{MODEL}/resolve/main/config.json"
+    expected = emu.files.file_bytes("model", MODEL, "main", "config.json")
+    status, body, headers = get(a.url + url)
+    assert status == 200 and body == expected
+    commit = headers["x-repo-commit"]
+
+    def shared() -> bool:  # A hands what it learnt to the database in the background
+        import psycopg
+
+        with psycopg.connect(database, autocommit=True) as conn:
+            refs = conn.execute("SELECT commit FROM hf_mirror_refs WHERE repo = %s AND revision = 'main'",
+                                (f"model:{MODEL}",)).fetchall()
+            files = conn.execute("SELECT count(*) FROM hf_mirror_files WHERE path = 'config.json'").fetchone()
+            public = conn.execute("SELECT count(*) FROM hf_mirror_access WHERE subject = 'public'").fetchone()
+        return refs == [(commit,)] and files == (1,) and public is not None and public[0] >= 1
+
+    _wait_for(shared, "A's ref, file entry and access confirmation in the database")
+    emu.reset_stats()
+    for _ in range(2):
+        status, body, headers = get(b.url + url)
+        assert status == 200 and body == expected and headers["x-repo-commit"] == commit
+    asked = emu.stats()
+    # (counts["requests"] counts the emulator's own control requests too, such as this stats call)
+    assert not asked["requests"] and not asked["fetches"], asked["requests"]
+    assert not {kind: n for kind, n in asked["counts"].items() if n and kind != "requests"}, asked["counts"]
+    print("main resolved on A: B answered it (HEAD and body) with 0 upstream requests")
+
+
+def test_a_pin_on_one_node_survives_a_gc_on_another(upstream: EmulatorHandle, nodes: Fleet, database: str,
+                                                    tmp_path: Path) -> None:
+    emu, fleet = upstream, nodes
+    (a,) = start_fleet(fleet, emu, database, count=1)
+    small = f"/{MODEL}/resolve/main/config.json"
+    assert get(a.url + small)[0] == 200 and get(a.url + BIG_URL)[0] == 200
+    pinned = emu.files.etag("model", MODEL, "main", "config.json")
+    big = emu.files.etag(*BIG[:2], "main", BIG[2])
+    _wait_for(lambda: blob_keys(fleet) == {f"blobs/{e[:2]}/{e}" for e in (pinned, big)}, "both blobs committed")
+    response = httpx.post(a.url + f"/api/mirror/repos/model/{MODEL}/pin", json={}, timeout=30)
+    assert response.status_code == 200, response.text
+    # The gc runs on another node: a fresh cache directory, whose own index knows nothing of A's pin or files.
+    other = tmp_path / "gc-node"
+    other.mkdir()
+    result = cli("cache", "gc", "--max-size", "1K", "--cache-dir", str(other), "--storage", "s3",
+                 "--s3-endpoint", fleet.s3.endpoint, "--s3-bucket", fleet.s3.bucket, "--s3-prefix", fleet.prefix,
+                 "--metadata-url", database, env=fleet.s3.env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert blob_keys(fleet) == {f"blobs/{pinned[:2]}/{pinned}"}, (blob_keys(fleet), result.stdout)
