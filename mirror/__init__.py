@@ -6,7 +6,7 @@ The house, in layers; a module imports only from its own layer or the ones above
     values and the wire contract  config, errors, hf, integrity, metrics, logs, asgi   (no I/O of their own)
     adapters                      index (the one key schema), storage/ (local, s3/), upstream/ (the Hub client)
     policy                        access, auth, fill/, service/, viewer, parquet_info, xet/  (no web framework, no HTTP)
-    edges                         routes/, sync/, cache/, status/   (turn policy into bytes, runs, reports)
+    edges                         routes/, sync/, cache/, status/, audit/   (turn policy into bytes, runs, reports)
     the one wiring                parts (build_parts: every part from Settings), app (ASGI), server (uvicorn)
     the CLI                       cli/, cachecli   (builds Settings, then the parts, and passes them down)
 

@@ -33,6 +33,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
     "fleet (storage s3)": ("storage", "s3_endpoint", "s3_bucket", "s3_prefix", "s3_region", "hot_tier_max_size",
                            "lease_stale_seconds", "node_url"),
     "logs": ("log_format", "log_level"),
+    "audit log": ("audit_log", "audit_dir", "audit_file_size", "audit_session_seconds"),
 }
 _GROUP_OF = {dest: title for title, dests in SETTING_GROUPS.items() for dest in dests}
 OTHER_GROUP = "more settings"
@@ -40,6 +41,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...] | None] = {
     "serve": None,  # every group
     "sync": ("settings file", "cache and quota", "upstream", "fills and bandwidth", "fleet (storage s3)", "logs"),
     "cache": ("settings file", "cache and quota", "fleet (storage s3)", "logs"),
+    "audit": ("settings file", "cache and quota", "audit log"),
 }
 
 
@@ -142,6 +144,12 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
     add("--jwt-public-key-file", type=Path, help="RS256 public key (PEM) for mirror JWTs")
     add("--allow-repos", help="comma-separated patterns, e.g. 'model:meta-llama/*,dataset:*'")
     add("--deny-repos", help="comma-separated patterns, e.g. 'space:*'")
+    add("--audit-log", action=argparse.BooleanOptionalAction, default=None,
+        help="one JSON line per file served and per refusal, for `hf-mirror audit` (on by default)")
+    add("--audit-dir", type=Path, help="where the audit log and its index live (default <cache-dir>/audit)")
+    add("--audit-file-size", help="size past which an audit file is rotated, e.g. 64M (default)")
+    add("--audit-session-seconds", type=float, help="a client's requests for one file within this many seconds "
+        "of each other (resumes, Xet ranges) are one audit event (default 3600)")
 
 
 def settings_flags(*, suppress_defaults: bool = False, command: str = "serve") -> argparse.ArgumentParser:

@@ -227,7 +227,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("adapters", ("mirror.index", "mirror.storage", "mirror.upstream")),
     ("policy", ("mirror.access", "mirror.auth", "mirror.fill", "mirror.service", "mirror.viewer", "mirror.parquet_info",
                 "mirror.xet")),
-    ("edges", ("mirror.routes", "mirror.sync", "mirror.cache", "mirror.status")),
+    ("edges", ("mirror.routes", "mirror.sync", "mirror.cache", "mirror.status", "mirror.audit")),
     ("the one wiring", ("mirror.parts", "mirror.app", "mirror.server")),
     ("the CLI", ("mirror.cli", "mirror.cachecli", "mirror.__main__")),
 )
