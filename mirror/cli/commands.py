@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from mirror import __version__, demo
-from mirror.cli import audit, cache, serve, sync
+from mirror.cli import audit, cache, sbom, serve, sync
 from mirror.cli.settings import settings_flags, with_settings
 from mirror.config import ConfigError
 from mirror.harness import command as bench
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The settings flags before the subcommand, and (each subcommand's, after its own options) after it.
     cache.add_arguments(command("cache", cache.HELP, with_settings(cache.run), [settings_flags(command="cache")]))
     command("audit", audit.HELP, with_settings(audit.run), [audit.flags(), settings_flags(command="audit")])
+    command("sbom", sbom.HELP, with_settings(sbom.run), [sbom.flags(), settings_flags(command="sbom")])
     bench.add_arguments(command("bench", "measure data loading through an endpoint into a training loop",
                                 bench.run))
     demo.add_arguments(command("demo", "sample hub + mirror + bench, offline, in under a minute", demo.run))

@@ -42,6 +42,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...] | None] = {
     "sync": ("settings file", "cache and quota", "upstream", "fills and bandwidth", "fleet (storage s3)", "logs"),
     "cache": ("settings file", "cache and quota", "fleet (storage s3)", "logs"),
     "audit": ("settings file", "cache and quota", "audit log"),
+    "sbom": ("settings file", "cache and quota", "fleet (storage s3)"),
 }
 
 

@@ -116,3 +116,38 @@ def test_events_survive_kill_9_and_answer_the_query(emulator: EmulatorHandle, tm
     count = subprocess.run([sys.executable, "-m", "mirror", "audit", "--cache-dir", str(cache), "--count",
                             "--repo", MODEL], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert count.stdout.strip() == "4"
+
+
+def test_sbom_of_a_cached_revision_validates(emulator: EmulatorHandle, tmp_path: Path) -> None:
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    cache = tmp_path / "cache"
+    paths = ("config.json", "README.md", "model.safetensors")
+    with MirrorProcess(emulator.url, cache) as mirror:
+        for path in paths:
+            get(mirror, path, "sbom")
+        info = httpx.get(f"{mirror.url}/api/models/{MODEL}/revision/main", timeout=30).json()
+    out = tmp_path / "bom.json"
+    proc = subprocess.run([sys.executable, "-m", "mirror", "sbom", f"{MODEL}@main", "--cache-dir", str(cache),
+                           "-o", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(text) is None
+    bom = json.loads(text)
+    subject = bom["metadata"]["component"]
+    assert subject["type"] == "machine-learning-model" and subject["name"] == MODEL
+    assert subject["version"] == info["sha"]
+    assert subject["licenses"] == [{"license": {"id": "MIT"}}]
+    assert subject["purl"] == f"pkg:huggingface/acme/tiny-model@{info['sha']}"
+    files = {c["name"]: c for c in bom["components"]}
+    assert set(files) == set(paths)
+    for path in paths:
+        digest = hashlib.sha256(emulator.files.file_bytes("model", MODEL, "main", path)).hexdigest()
+        assert {"alg": "SHA-256", "content": digest} in files[path]["hashes"], path
+        props = {p["name"]: p["value"] for p in files[path]["properties"]}
+        assert props["hf-mirror:cached"] == "true"
+    # Not cached: a clear refusal, no BOM.
+    missing = subprocess.run([sys.executable, "-m", "mirror", "sbom", "acme/nothing@main", "--cache-dir", str(cache)],
+                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1 and "not known" in missing.stderr

@@ -1,0 +1,55 @@
+"""``hf-mirror sbom REPO@REV``: the CycloneDX ML-BOM of a cached revision (:mod:`mirror.audit.sbom`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from mirror import hf
+from mirror.audit.sbom import NotCached, build_sbom, render
+from mirror.cache.maintenance import repo_from_spec
+from mirror.config import ConfigError, Settings
+from mirror.errors import BadRequest
+from mirror.parts import build_parts
+
+HELP = "write the CycloneDX ML-BOM of a cached revision: files, hashes, licence, the Hub's scan verdict"
+
+
+def flags() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("repo", metavar="REPO[@REV]", help="acme/x@main, datasets/acme/x@v1.0, model:acme/x@<sha>")
+    parser.add_argument("--output", "-o", type=Path, help="write the BOM here (default: standard output)")
+    return parser
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    spec, _, revision = args.repo.rpartition("@") if "@" in args.repo else (args.repo, "", "main")
+    try:
+        repo = repo_from_spec(spec)
+        hf.validate_repo_id(repo.repo_id)
+        hf.validate_revision(revision)
+    except (ValueError, BadRequest) as exc:
+        raise ConfigError(f"not a repo: {args.repo!r} (use acme/x@rev, datasets/acme/x or model:acme/x)") from exc
+    if not settings.cache_dir.exists():
+        raise ConfigError(f"cache directory {settings.cache_dir} does not exist")
+    try:
+        text = asyncio.run(_bom(settings, repo, revision))
+    except NotCached as exc:
+        print(f"sbom: {exc}", file=sys.stderr)
+        return 1
+    if args.output:
+        args.output.write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+async def _bom(settings: Settings, repo: hf.RepoRef, revision: str) -> str:
+    parts = build_parts(settings)
+    try:
+        await parts.open()
+        return render(await build_sbom(parts.index, parts.store, repo, revision))
+    finally:
+        await parts.aclose(grace=0)
