@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from mirror import hf
-from mirror.audit.sbom import NotCached, build_sbom, render
 from mirror.cache.maintenance import repo_from_spec
 from mirror.config import ConfigError, Settings
 from mirror.errors import BadRequest
@@ -34,6 +33,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(f"not a repo: {args.repo!r} (use acme/x@rev, datasets/acme/x or model:acme/x)") from exc
     if not settings.cache_dir.exists():
         raise ConfigError(f"cache directory {settings.cache_dir} does not exist")
+    # Only `sbom` loads cyclonedx-python-lib and jsonschema (a few hundred ms): no other command waits for them.
+    from mirror.audit.sbom import NotCached
+
     try:
         text = asyncio.run(_bom(settings, repo, revision))
     except NotCached as exc:
@@ -47,6 +49,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _bom(settings: Settings, repo: hf.RepoRef, revision: str) -> str:
+    from mirror.audit.sbom import build_sbom, render
+
     parts = build_parts(settings)
     try:
         await parts.open()

@@ -17,6 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "mirror"
 LOCAL_IMPORTS_ALLOWED = {
     ("mirror.storage", "mirror.storage.s3"):
         "aiobotocore is the optional s3 extra: only storage = 's3' imports it",
+    ("mirror.cli.sbom", "mirror.audit.sbom"):
+        "only `sbom` loads cyclonedx-python-lib and jsonschema; the other commands start without them",
     ("mirror.cli.serve", "mirror.server"):
         "only `serve` loads the server stack (uvicorn, FastAPI: ~0.5 s); `cache` and `sync` start without it",
 }
