@@ -7,6 +7,7 @@ mirror token's name, or ``token:`` and a digest of the Hub token, or ``anon``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -23,6 +24,7 @@ ANONYMOUS = "anon"
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
+@functools.lru_cache(maxsize=4096)  # a caller's every request: one digest per token, not one per request
 def token_caller(token: str) -> str:
     """How a Hub token appears in the log: a digest (a Hub token has the entropy of a key: not guessable back)."""
     return "token:" + hashlib.sha256(token.encode()).hexdigest()[:16]

@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 
 from mirror.audit.event import SERVED, AuditEvent
@@ -51,11 +51,21 @@ class AuditLog:
         """Write ``event`` unless it continues an open session; returns whether it was written."""
         key = (event.caller, event.client, event.user_agent, event.repo_type, event.repo_id.lower(),
                event.commit or event.revision, event.path, "served" if event.outcome in SERVED else event.outcome)
-        with self._lock:
-            if not self.sessions.opens(key, event.ts):
-                return False
-            self._append((event.line() + "\n").encode())
+        if not self.opens(key, event.ts):
+            return False
+        self.write(event)
         return True
+
+    def opens(self, key: Hashable, now: float) -> bool:
+        """Whether a request of session ``key`` opens it (then :meth:`write` its event), or rolls up into it. A
+        caller that can tell the key before it builds the event (the recorder, on every warm GET) skips the rest."""
+        with self._lock:
+            return self.sessions.opens(key, now)
+
+    def write(self, event: AuditEvent) -> None:
+        data = (event.line() + "\n").encode()
+        with self._lock:
+            self._append(data)
 
     def _append(self, data: bytes) -> None:
         try:

@@ -103,22 +103,30 @@ class AuditRecorder:
             outcome = note.cache or headers.get(b"x-mirror-cache", b"hit").decode("latin-1")
             if outcome not in SERVED:
                 outcome = "hit"
+        commit = headers.get(b"x-repo-commit")
+        commit_text = commit.decode("latin-1") if commit else note.commit
+        caller = note.caller or caller_of(scope)
+        client = scope.get("client")
+        address = client[0] if client else ""
+        raw_agent = b""
+        for key, value in scope["headers"]:
+            if key == b"user-agent":
+                raw_agent = value
+                break
+        now = time.time()
+        # The session first: a client's next request for the file (every warm GET of it) stops here.
+        session = (caller, address, raw_agent, note.repo_type, note.repo_id.lower(), commit_text or note.revision,
+                   note.path, "served" if outcome in SERVED else outcome)
+        if not self.log.opens(session, now):
+            return
         length = headers.get(b"content-length")
         # The answer's body is the file's bytes on resolve (a Range: its length); elsewhere (an Xet reconstruction's
         # JSON) the route says what the answer hands out.
         size = int(length) if note.via == "resolve" and length is not None and outcome in SERVED else note.size
         etag = headers.get(b"x-linked-etag") or headers.get(b"etag")
-        commit = headers.get(b"x-repo-commit")
-        client = scope.get("client")
-        agent = ""
-        for key, value in scope["headers"]:
-            if key == b"user-agent":
-                agent = clean(value.decode("latin-1")[:_UA_MAX], self.secrets)
-                break
-        self.log.record(AuditEvent(
-            ts=time.time(), caller=note.caller or caller_of(scope), client=client[0] if client else "",
-            user_agent=agent, repo_type=note.repo_type, repo_id=note.repo_id, revision=note.revision,
-            commit=commit.decode("latin-1") if commit else note.commit, path=note.path,
+        self.log.write(AuditEvent(
+            ts=now, caller=caller, client=address,
+            user_agent=clean(raw_agent.decode("latin-1")[:_UA_MAX], self.secrets), repo_type=note.repo_type,
+            repo_id=note.repo_id, revision=note.revision, commit=commit_text, path=note.path,
             etag=etag.decode("latin-1").strip('"') if etag else note.etag, bytes=size, outcome=outcome, rule=rule,
             via=note.via, request_id=request_id))
-
