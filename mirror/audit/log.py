@@ -47,20 +47,21 @@ class AuditLog:
         directory.mkdir(parents=True, exist_ok=True)
         self.failed = 0  # events that could not be written (a full disk): counted, logged, never fatal to a request
 
-    def record(self, event: AuditEvent) -> bool:
-        """Write ``event`` unless it continues an open session; returns whether it was written."""
+    def record(self, event: AuditEvent, continuation: bool = False) -> bool:
+        """Write ``event`` unless it is the ``continuation`` of a download in an open session; returns whether it
+        was written."""
         key = (event.caller, event.client, event.user_agent, event.repo_type, event.repo_id.lower(),
                event.commit or event.revision, event.path, "served" if event.outcome in SERVED else event.outcome)
-        if not self.opens(key, event.ts):
+        if not self.opens(key, event.ts, continuation):
             return False
         self.write(event)
         return True
 
-    def opens(self, key: Hashable, now: float) -> bool:
+    def opens(self, key: Hashable, now: float, continuation: bool = False) -> bool:
         """Whether a request of session ``key`` opens it (then :meth:`write` its event), or rolls up into it. A
-        caller that can tell the key before it builds the event (the recorder, on every warm GET) skips the rest."""
+        caller that can tell the key before it builds the event (the recorder) skips the rest for a roll-up."""
         with self._lock:
-            return self.sessions.opens(key, now)
+            return self.sessions.opens(key, now, continuation)
 
     def write(self, event: AuditEvent) -> None:
         data = (event.line() + "\n").encode()

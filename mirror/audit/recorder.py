@@ -109,15 +109,17 @@ class AuditRecorder:
         client = scope.get("client")
         address = client[0] if client else ""
         raw_agent = b""
+        continuation = False
         for key, value in scope["headers"]:
             if key == b"user-agent":
                 raw_agent = value
-                break
+            elif key == b"range":
+                continuation = is_continuation(value)
         now = time.time()
-        # The session first: a client's next request for the file (every warm GET of it) stops here.
+        # The session first: a request continuing a client's download stops here.
         session = (caller, address, raw_agent, note.repo_type, note.repo_id.lower(), commit_text or note.revision,
                    note.path, "served" if outcome in SERVED else outcome)
-        if not self.log.opens(session, now):
+        if not self.log.opens(session, now, continuation):
             return
         length = headers.get(b"content-length")
         # The answer's body is the file's bytes on resolve (a Range: its length); elsewhere (an Xet reconstruction's
@@ -130,3 +132,10 @@ class AuditRecorder:
             repo_id=note.repo_id, revision=note.revision, commit=commit_text, path=note.path,
             etag=etag.decode("latin-1").strip('"') if etag else note.etag, bytes=size, outcome=outcome, rule=rule,
             via=note.via, request_id=request_id))
+
+
+def is_continuation(range_header: bytes) -> bool:
+    """A ``Range`` that does not start at byte 0 (``bytes=N-``, ``bytes=N-M``, a suffix ``bytes=-N``): the rest of
+    a download begun before, not a new one."""
+    spec = range_header.decode("latin-1").partition("=")[2].strip()
+    return bool(spec) and not spec.startswith("0-")

@@ -1,8 +1,11 @@
-"""Client sessions: the requests of one client for one file, rolled up into the one audit event of its first answer.
+"""Client sessions: one download of one file by one client, however many requests it takes, is one audit event.
 
-A resumed download (``Range: bytes=N-`` after a cut), an Xet client's many reconstructions and byte ranges, a
-client asking the same file again: all one session while the client comes back within ``idle`` seconds. The client
-is its caller, address (not port: a resume opens a new connection) and User-Agent.
+A download starts at byte 0 (no ``Range``, or one from 0) and opens a session: its first answer is the event. A
+request that continues a download (a ``Range`` that starts past byte 0: a resume after a cut, the later ranges of a
+parallel download, an Xet client's later reconstructions) rolls up into the client's open session for the file,
+if it came back within ``idle`` seconds; otherwise it opens one (one event more, never one less). The client is
+its caller, address (not port: a resume opens a new connection) and User-Agent. Two downloads from byte 0 are two
+events, whoever sends them: two processes of one host and library cannot be told apart, and both took the file.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ class Sessions:
         self.max_open = max_open
         self._seen: OrderedDict[Hashable, float] = OrderedDict()
 
-    def opens(self, key: Hashable, now: float) -> bool:
-        """Whether a request of ``key`` at ``now`` opens a session (then it gets an event), else it rolls up."""
+    def opens(self, key: Hashable, now: float, continuation: bool = False) -> bool:
+        """Whether a request of ``key`` at ``now`` opens a session (then it gets an event), or, a ``continuation``
+        of a download in an open session, rolls up into it."""
         seen = self._seen
         last = seen.get(key)
         seen[key] = now
@@ -31,7 +35,7 @@ class Sessions:
             if now - first_seen <= self.idle and len(seen) <= self.max_open:
                 break
             del seen[first_key]
-        return last is None or now - last > self.idle
+        return not continuation or last is None or now - last > self.idle
 
     def __len__(self) -> int:
         return len(self._seen)

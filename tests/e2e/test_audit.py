@@ -44,14 +44,16 @@ def test_one_event_per_file_per_client_session(emulator: EmulatorHandle, tmp_pat
     cache = tmp_path / "cache"
     size = len(emulator.files.file_bytes("model", MODEL, "main", "model.safetensors"))
     with MirrorProcess(emulator.url, cache) as mirror:
-        # Client A: a file twice and a HEAD (one event: a HEAD serves no file, the second GET is the same session).
-        get(mirror, "config.json", "client-a")
+        # Client A: a file and a HEAD (a HEAD serves no file: one event).
         get(mirror, "config.json", "client-a")
         assert httpx.head(f"{mirror.url}/{MODEL}/resolve/main/config.json").status_code == 200
         # Client A: a download cut after 1000 bytes and resumed with Range (one event).
         assert len(get(mirror, "model.safetensors", "client-a", range="bytes=0-999").content) == 1000
         rest = get(mirror, "model.safetensors", "client-a", range="bytes=1000-")
         assert len(rest.content) == size - 1000
+        # Client C downloads a file twice from byte 0: two downloads, two events.
+        get(mirror, "sub/nested.txt", "client-c")
+        get(mirror, "sub/nested.txt", "client-c")
         # Client B, with its own Hub token: the same file is its own event.
         get(mirror, "config.json", "client-b", token=GOOD_TOKEN)
         # The real client over HTTP (HEAD then GET: one event), and over Xet (HEAD, token, reconstruction, byte
@@ -67,7 +69,8 @@ print(json.dumps(hf_hub_download("{MODEL}", "{{name}}")))
         events = audit(cache)
         log = mirror.log()
 
-    assert len(events) == 5, json.dumps(events, indent=1)
+    assert len(events) == 7, json.dumps(events, indent=1)
+    assert [e["user_agent"] for e in events if e["path"] == "sub/nested.txt"] == ["client-c", "client-c"]
     by_key = {(e["user_agent"].split("/")[0].split(";")[0], e["path"]): e for e in events}
     a_config = by_key[("client-a", "config.json")]
     assert a_config["outcome"] == "miss" and a_config["caller"] == "anon" and a_config["client"] == "127.0.0.1"
@@ -85,7 +88,7 @@ print(json.dumps(hf_hub_download("{MODEL}", "{{name}}")))
     # Never a token: not in the events, not in the files.
     files = "".join(p.read_text() for p in (cache / "audit").glob("events-*.jsonl"))
     assert GOOD_TOKEN not in files and GOOD_TOKEN not in json.dumps(events)
-    assert len(files.splitlines()) == 5
+    assert len(files.splitlines()) == 7
     assert "Traceback" not in log
 
 

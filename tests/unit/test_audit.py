@@ -10,6 +10,7 @@ import pytest
 
 from mirror.audit import AUDIT_NOTE, AuditIndex, AuditLog, AuditQuery, AuditRecorder, decide, note_file
 from mirror.audit.event import AuditEvent
+from mirror.audit.recorder import is_continuation
 from mirror.audit.session import Sessions
 
 
@@ -28,17 +29,20 @@ def lines(directory: Path) -> list[dict]:
     return [json.loads(line) for p in sorted(directory.glob("events-*.jsonl")) for line in p.read_text().splitlines()]
 
 
-def test_sessions_roll_up_within_the_idle_window() -> None:
+def test_sessions_roll_up_continuations_within_the_idle_window() -> None:
     sessions = Sessions(idle=10)
     assert sessions.opens("a", 0)
-    assert not sessions.opens("a", 9)
-    assert not sessions.opens("a", 18)  # idle is counted from the last request
-    assert sessions.opens("a", 29)
-    assert sessions.opens("b", 29)
+    assert not sessions.opens("a", 9, continuation=True)
+    assert not sessions.opens("a", 18, continuation=True)  # idle is counted from the last request
+    assert sessions.opens("a", 29, continuation=True)  # came back too late: a session of its own
+    assert sessions.opens("a", 30)  # from byte 0 again: a new download
+    assert sessions.opens("b", 30, continuation=True)  # a resume of a download this process never saw
     small = Sessions(idle=100, max_open=2)
     for key in "xyz":
         small.opens(key, 0)
-    assert len(small) == 2 and small.opens("x", 1)  # the oldest closed early: one event more, never one less
+    assert len(small) == 2 and small.opens("x", 1, continuation=True)  # closed early: one event more, never less
+    assert [is_continuation(v) for v in (b"bytes=0-", b"bytes=0-99", b"bytes=100-", b"bytes=-500", b"bytes=5-9")] \
+        == [False, False, True, True, True]
 
 
 def test_served_refused_and_not_recorded(tmp_path: Path) -> None:
