@@ -10,13 +10,15 @@ the index pages warm in the OS cache, as on a server that answered a query befor
 the index is reused.
 
 ``warm`` runs two mirrors on one cached file, the audit log on and off, and measures them in alternation (paired:
-the machine's other load hits both alike): HEAD /resolve and GET of a small file at 64 connections (ab). ``record``
-times one event written (a new client session) and one rolled up, in-process.
+the machine's other load hits both alike; ``--together``: at the same time, each with its own ab): HEAD /resolve and
+GET of a small file at 64 connections (ab), every GET from byte 0, so every GET writes an event (the worst case).
+``record`` times one event written (a new client session) and one rolled up, and the hook as the app calls it.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import random
 import sqlite3
 import statistics
@@ -24,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import ab_head, emulator, mirror, parallel_get
+from bench.common import ab_head, cpu_seconds, emulator, mirror, parallel_get
 from mirror.audit import INDEX_NAME, AuditIndex, AuditLog, AuditQuery, AuditRecorder, note_file
 from mirror.audit.event import AuditEvent
 from mirror.audit.index import _SCHEMA, COLUMNS, INDEXES
@@ -155,18 +157,31 @@ def run_warm(args: argparse.Namespace) -> None:
             for proc in (on, off):
                 parallel_get(proc.url + small, 1)
             for label, head in (("HEAD", True), ("GET", False)):
-                ratios, ons, offs = [], [], []
+                ratios, ons, offs, cpu_ratios = [], [], [], []
                 for run in range(args.runs):
                     order = (on, off) if run % 2 == 0 else (off, on)
-                    measured = {}
-                    for proc in order:
+                    measured: dict[str, float] = {}
+                    cpu: dict[str, float] = {}
+                    before = {p.url: cpu_seconds(p.proc.pid) for p in order if p.proc is not None}
+                    if args.together:  # both at once: the box's other load falls on both alike, second by second
+                        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                            futures = {p.url: pool.submit(_rps, p.url + small, args.seconds, head) for p in order}
+                        measured = {url: f.result() for url, f in futures.items()}
+                    for proc in order if not args.together else ():
                         measured[proc.url] = _rps(proc.url + small, args.seconds, head)
+                    for proc in order:
+                        assert proc.proc is not None
+                        # The mirror's own CPU per request: what the neighbours' load cannot inflate (much).
+                        cpu[proc.url] = (cpu_seconds(proc.proc.pid) - before[proc.url]) / (
+                            measured[proc.url] * args.seconds)
                     ons.append(measured[on.url])
                     offs.append(measured[off.url])
                     ratios.append(measured[on.url] / measured[off.url])
+                    cpu_ratios.append(cpu[on.url] / cpu[off.url])
                 print(f"| warm {label} /resolve, 64 connections | on {statistics.median(ons):,.0f} req/s | "
                       f"off {statistics.median(offs):,.0f} req/s | on/off {statistics.median(ratios):.3f} "
-                      f"(runs: {', '.join(f'{r:.3f}' for r in ratios)}) |")
+                      f"(runs: {', '.join(f'{r:.3f}' for r in ratios)}) | CPU per request on/off "
+                      f"{statistics.median(cpu_ratios):.3f} (runs: {', '.join(f'{r:.3f}' for r in cpu_ratios)}) |")
             events = sum(1 for p in (Path(tmp) / "on" / "audit").glob("events-*.jsonl") for _ in p.open())
             print(f"audit events written by the 'on' mirror: {events}")
 
@@ -192,6 +207,7 @@ def main() -> None:
     warm = sub.add_parser("warm")
     warm.add_argument("--seconds", type=int, default=5)
     warm.add_argument("--runs", type=int, default=5)
+    warm.add_argument("--together", action="store_true", help="measure both mirrors at the same time, not in turn")
     record = sub.add_parser("record")
     record.add_argument("--events", type=int, default=200_000)
     args = parser.parse_args()

@@ -14,6 +14,7 @@ import time
 
 from mirror.audit import INDEX_NAME, AuditIndex, AuditQuery
 from mirror.audit.event import OUTCOMES, parse_time
+from mirror.audit.follower import index_once
 from mirror.config import ConfigError, Settings
 
 HELP = "who took which file, and when: query the audit log (--repo, --path, --caller, --since)"
@@ -55,9 +56,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 1
     query = AuditQuery(repo=args.repo, path=args.path, caller=args.caller, since=when(args.since),
                        until=when(args.until), outcome=args.outcome, limit=max(args.limit, 0))
+    index_once(directory, wait=True)  # what the server wrote since its last pass (or before a crash) first
     index = AuditIndex(directory / INDEX_NAME)
     try:
-        index.catch_up(directory)
         if args.count:
             print(index.count(query))
             return 0

@@ -4,8 +4,11 @@ completed answer is there after ``kill -9``; ``hf-mirror audit`` answers by repo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -29,6 +32,32 @@ def audit(cache: Path, *args: str) -> list[dict]:
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def _indexed(cache: Path, count: int, timeout: float = 20.0) -> bool:
+    """Whether the index (read as it is, no catch-up) holds ``count`` events within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with contextlib.closing(sqlite3.connect(cache / "audit" / "index.sqlite")) as db:
+                if db.execute("SELECT count(*) FROM events").fetchone()[0] == count:
+                    return True
+        except sqlite3.Error:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def _followers(cache: Path) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"mirror.audit.follower" in command and str(cache / "audit").encode() in command:
+            found.append(int(pid))
+    return found
 
 
 def get(mirror: MirrorProcess, path: str, agent: str, token: str | None = None, **headers: str) -> httpx.Response:
@@ -66,9 +95,11 @@ print(json.dumps(hf_hub_download("{MODEL}", "{{name}}")))
         run_client(code.replace("{name}", "README.md"), mirror.url, tmp_path / "http-home")
         run_client(code.replace("{name}", "model.safetensors"), mirror.url, tmp_path / "xet-home",
                    HF_HUB_DISABLE_XET="0")
+        indexed_by_the_server = _indexed(cache, 7)
         events = audit(cache)
         log = mirror.log()
 
+    assert indexed_by_the_server  # the server's own follower indexed them, before any `hf-mirror audit`
     assert len(events) == 7, json.dumps(events, indent=1)
     assert [e["user_agent"] for e in events if e["path"] == "sub/nested.txt"] == ["client-c", "client-c"]
     by_key = {(e["user_agent"].split("/")[0].split(";")[0], e["path"]): e for e in events}
@@ -101,8 +132,13 @@ def test_events_survive_kill_9_and_answer_the_query(emulator: EmulatorHandle, tm
             get(mirror, path, "before-crash")
         get(mirror, "config.json", "other", token=GOOD_TOKEN)
     finally:
-        mirror.kill9()  # at once: the background index pass has had no time to run
+        mirror.kill9()  # at once: the background index pass may not have run
     assert len(audit(cache)) == 4
+    # The server's index follower (its child) exits by itself once the server is gone.
+    deadline = time.monotonic() + 20
+    while _followers(cache) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _followers(cache)
     assert [e["path"] for e in audit(cache, "--repo", MODEL, "--path", "config.json")] == ["config.json"] * 2
     assert {e["path"] for e in audit(cache, "--repo", f"model:{MODEL}")} == {"config.json", "sub/nested.txt",
                                                                              "tokenizer.json"}
