@@ -2,8 +2,8 @@
 
 Each event is one ``write(2)`` on an ``O_APPEND`` descriptor, made before the answer's first byte is sent: once a
 client has an answer, its event is in the kernel, and a ``kill -9`` of the server (or a crash) loses nothing. (Not
-the access log's batching: that trades the last fraction of a second of lines for speed; here the events are few,
-one per file and client session, so a write each costs nothing measurable: docs/benchmarks.md.) A power loss may
+the access log's batching: that trades the last fraction of a second of lines for speed; here an event is one
+per download, and its write costs ~20 µs: docs/benchmarks.md.) A power loss may
 still lose what the page cache held: the files are fsynced on rotation and on close.
 
 Files are ``events-<UTC start>-<pid>-<n>.jsonl``: one writer per file, so workers never interleave or race on a

@@ -125,6 +125,8 @@ class AuditRecorder:
         # The answer's body is the file's bytes on resolve (a Range: its length); elsewhere (an Xet reconstruction's
         # JSON) the route says what the answer hands out.
         size = int(length) if note.via == "resolve" and length is not None and outcome in SERVED else note.size
+        if size is None and outcome in SERVED and b"x-linked-size" in headers:  # nginx sends it (--accel-redirect)
+            size = int(headers[b"x-linked-size"])
         etag = headers.get(b"x-linked-etag") or headers.get(b"etag")
         self.log.write(AuditEvent(
             ts=now, caller=caller, client=address,
