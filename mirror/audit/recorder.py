@@ -15,6 +15,7 @@ answer's status and headers before its first byte leaves, and writes the event t
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from mirror.audit.event import ANONYMOUS, REFUSALS, SERVED, AuditEvent, token_ca
 from mirror.audit.log import AuditLog
 from mirror.logs import clean
 
+log = logging.getLogger("hf_mirror.audit")
 AUDIT_NOTE = "hf_mirror.audit"  # scope key: the FileNote of the request
 AUDIT_WHO = "hf_mirror.who"  # scope key: the mirror token's name (mirror-auth mode), set where the token is checked
 _UA_MAX = 512
@@ -88,6 +90,13 @@ class AuditRecorder:
         note: FileNote | None = scope.get(AUDIT_NOTE)
         if note is None:
             return
+        try:
+            self._started(scope, message, request_id, note)
+        except Exception:  # a bug here must not cut a download: logged, as a write that fails is (AuditLog.failed)
+            self.log.failed += 1
+            log.exception("audit event not recorded for %s %s", note.repo_id, note.path)
+
+    def _started(self, scope: Scope, message: dict, request_id: str | None, note: FileNote) -> None:
         status = message["status"]
         if note.outcome is None and status != 403 and not (status in (200, 206) and scope["method"] == "GET"):
             return  # a HEAD, a 404, an error: no file went out and nothing was refused
