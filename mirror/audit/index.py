@@ -154,6 +154,13 @@ class AuditIndex:
             rows.append(data)
         return rows
 
+    def decisions(self, repo_type: str, repo_id: str, commit: str) -> dict[str, tuple[str, str | None]]:
+        """The admission policy's latest refusal per path of one commit: path -> (outcome, rule)."""
+        rows = self.db.execute(
+            "SELECT path, outcome, rule FROM events WHERE repo_id = ? AND repo_type = ? AND commit_sha = ? "
+            "AND outcome IN ('refused', 'quarantined') ORDER BY ts", (repo_id, repo_type, commit))
+        return {path: (outcome, rule) for path, outcome, rule in rows}
+
     def count(self, query: AuditQuery) -> int:
         where, params = query.where()
         return int(self.db.execute(f"SELECT count(*) FROM events{where}", params).fetchone()[0])

@@ -5,7 +5,9 @@ admitted): the repo as the BOM's subject (``machine-learning-model``, or ``data`
 the licence of its card (``cardData.license`` of the cached info, else the README's front matter); each file as a
 ``file`` component with its hashes (SHA-256: the LFS etag, or computed from the cached blob of a small file; the git
 blob id as a property), its size, whether the blob is cached, and the Hub's scan verdict where a cached answer
-carried it (``securityRepoStatus`` of the info, ``securityFileStatus`` of paths-info or tree entries). Written by
+carried it (``securityRepoStatus`` of the info, ``securityFileStatus`` of paths-info or tree entries), and the
+mirror's own admission decision where the audit log recorded a refusal or a quarantine (``hf-mirror:admission``,
+``hf-mirror:rule``). Written by
 cyclonedx-python-lib (the CycloneDX project's own Python library), checked against the schema before it is printed.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -50,7 +53,12 @@ class RevisionFacts:
     file_status: dict[str, Any] = field(default_factory=dict)  # path -> securityFileStatus
 
 
-async def build_sbom(index: MetadataIndex, store: BlobStore, repo: hf.RepoRef, revision: str) -> Bom:
+Decisions = dict[str, tuple[str, str | None]]  # path -> (refused | quarantined, rule), from the audit log
+
+
+async def build_sbom(index: MetadataIndex, store: BlobStore, repo: hf.RepoRef, revision: str,
+                     decisions: Callable[[str], Decisions] | None = None) -> Bom:
+    """``decisions(commit)``: the admission policy's refusals of the commit's files, as the audit log recorded them."""
     commit = revision if hf.is_commit(revision) else (ref.commit if (ref := index.get_ref(repo, revision)) else None)
     if commit is None:
         raise NotCached(f"{repo.key}: revision {revision!r} is not known to the mirror")
@@ -58,6 +66,7 @@ async def build_sbom(index: MetadataIndex, store: BlobStore, repo: hf.RepoRef, r
     if not entries:
         raise NotCached(f"{repo.key}@{revision}: no file of commit {commit} is known to the mirror")
     facts = _facts(index, repo, commit, revision)
+    refused = decisions(commit) if decisions is not None else {}
     licence = _card_licence(facts.info) or _readme_licence(store, entries)
 
     purl = PackageURL(type="huggingface", namespace=repo.repo_id.rpartition("/")[0] or None,
@@ -72,7 +81,8 @@ async def build_sbom(index: MetadataIndex, store: BlobStore, repo: hf.RepoRef, r
     bom.metadata.component = subject
     bom.metadata.properties.add(Property(name=f"{_OURS}version", value=__version__))
     for entry in entries:
-        component = await _file_component(store, repo, entry, facts.file_status.get(entry.path))
+        component = await _file_component(store, repo, entry, facts.file_status.get(entry.path),
+                                          refused.get(entry.path))
         bom.components.add(component)
         bom.register_dependency(subject, [component])
     return bom
@@ -100,7 +110,8 @@ def _subject_properties(repo: hf.RepoRef, revision: str, facts: RevisionFacts) -
     return props
 
 
-async def _file_component(store: BlobStore, repo: hf.RepoRef, entry: FileEntry, status: Any) -> Component:
+async def _file_component(store: BlobStore, repo: hf.RepoRef, entry: FileEntry, status: Any,
+                          refused: tuple[str, str | None] | None) -> Component:
     hashes = []
     if entry.lfs and re.fullmatch(r"[0-9a-f]{64}", entry.etag):
         hashes.append(HashType(alg=HashAlgorithm.SHA_256, content=entry.etag))  # an LFS etag is the content's SHA-256
@@ -117,6 +128,10 @@ async def _file_component(store: BlobStore, repo: hf.RepoRef, entry: FileEntry, 
     if status is not None:
         props.append(Property(name=f"{_PROP}securityFileStatus",
                               value=status if isinstance(status, str) else json.dumps(status, sort_keys=True)))
+    if refused is not None:  # the mirror's own decision: refused or quarantined, and the rule (the audit log's)
+        props.append(Property(name=f"{_OURS}admission", value=refused[0]))
+        if refused[1]:
+            props.append(Property(name=f"{_OURS}rule", value=refused[1]))
     return Component(type=ComponentType.FILE, name=entry.path, version=entry.commit,
                      bom_ref=f"{repo.key}@{entry.commit}/{quote(entry.path)}", hashes=hashes, properties=props)
 

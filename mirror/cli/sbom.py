@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sys
 from pathlib import Path
 
 from mirror import hf
+from mirror.audit import INDEX_NAME, AuditIndex
+from mirror.audit.follower import index_once
 from mirror.cache.maintenance import repo_from_spec
 from mirror.config import ConfigError, Settings
 from mirror.errors import BadRequest
@@ -51,9 +54,17 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 async def _bom(settings: Settings, repo: hf.RepoRef, revision: str) -> str:
     from mirror.audit.sbom import build_sbom, render
 
+    audit: AuditIndex | None = None
+    directory = settings.audit_directory
+    if (directory / INDEX_NAME).exists():  # the admission decisions the audit log recorded, caught up first
+        index_once(directory, wait=True)
+        audit = AuditIndex(directory / INDEX_NAME)
     parts = build_parts(settings)
     try:
         await parts.open()
-        return render(await build_sbom(parts.index, parts.store, repo, revision))
+        decisions = functools.partial(audit.decisions, repo.type.value, repo.repo_id) if audit else None
+        return render(await build_sbom(parts.index, parts.store, repo, revision, decisions))
     finally:
         await parts.aclose(grace=0)
+        if audit is not None:
+            audit.close()

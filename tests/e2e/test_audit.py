@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from mirror.audit import AuditEvent, AuditLog
 from tests.support.hub_emulator.fixtures import GOOD_TOKEN
 from tests.support.hub_emulator.runner import EmulatorHandle
 from tests.support.mirror_proc import REPO_ROOT, MirrorProcess, run_client
@@ -167,6 +168,12 @@ def test_sbom_of_a_cached_revision_validates(emulator: EmulatorHandle, tmp_path:
         for path in paths:
             get(mirror, path, "sbom")
         info = httpx.get(f"{mirror.url}/api/models/{MODEL}/revision/main", timeout=30).json()
+    # A refusal the admission policy made (written as its hook would): the BOM carries the mirror's decision.
+    refusals = AuditLog(cache / "audit")
+    refusals.write(AuditEvent(ts=time.time(), caller="anon", client="10.0.0.1", user_agent="x", repo_type="model",
+                              repo_id=MODEL, revision="main", commit=info["sha"], path="README.md", etag=None,
+                              bytes=None, outcome="quarantined", rule="scan:os.system"))
+    refusals.close()
     out = tmp_path / "bom.json"
     proc = subprocess.run([sys.executable, "-m", "mirror", "sbom", f"{MODEL}@main", "--cache-dir", str(cache),
                            "-o", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
@@ -186,6 +193,8 @@ def test_sbom_of_a_cached_revision_validates(emulator: EmulatorHandle, tmp_path:
         assert {"alg": "SHA-256", "content": digest} in files[path]["hashes"], path
         props = {p["name"]: p["value"] for p in files[path]["properties"]}
         assert props["hf-mirror:cached"] == "true"
+        decided = (props.get("hf-mirror:admission"), props.get("hf-mirror:rule"))
+        assert decided == (("quarantined", "scan:os.system") if path == "README.md" else (None, None))
     # Not cached: a clear refusal, no BOM.
     missing = subprocess.run([sys.executable, "-m", "mirror", "sbom", "acme/nothing@main", "--cache-dir", str(cache)],
                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)

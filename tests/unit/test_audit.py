@@ -120,6 +120,7 @@ def test_index_catches_up_and_leaves_a_line_being_written(tmp_path: Path) -> Non
     newest = index.query(AuditQuery(since=1_700_000_090, limit=3))
     assert [e["bytes"] for e in newest] == [99, 98, 97]
     assert newest[0]["ts"] == "2023-11-14T22:14:59.000Z"
+    assert index.decisions("model", "acme/x", "c" * 40) == {}
     with open(files[-1], "ab") as f:
         f.write(b'"}\n')  # the line completes: a damaged event is skipped, never a stop
     assert index.catch_up(tmp_path) == 0
