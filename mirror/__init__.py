@@ -8,7 +8,7 @@ The house, in layers; a module imports only from its own layer or the ones above
                                   upstream/ (the Hub client)
     policy                        access, admission/, auth, fill/, service/, viewer, parquet_info, xet/
                                   (no web framework, no HTTP)
-    edges                         routes/, sync/, cache/, status/   (turn policy into bytes, runs, reports)
+    edges                         routes/, sync/, cache/, status/, audit/   (turn policy into bytes, runs, reports)
     the one wiring                parts (build_parts: every part from Settings), app (ASGI), front (a path prefix),
                                   server (uvicorn)
     the CLI                       cli/             (builds Settings, then the parts, and passes them down)

@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from mirror import hf
 from mirror.access import Caller
 from mirror.asgi import Receive, Scope, Send
+from mirror.audit import AUDIT_WHO, AuditLog, AuditRecorder, IndexFollower, note_file
 from mirror.auth import MirrorAuth
 from mirror.config import Settings
 from mirror.errors import HeadersTooLarge, MethodNotAllowed, MirrorError, RouteNotFound
@@ -101,15 +102,32 @@ class Mirror:
             self.board.quarantine = self.parts.admission.quarantined
         self.repo_actions = ops.RepoActions(self.cache, confirm=self.service.confirm_content,
                                             body_timeout=settings.header_timeout, on_change=self.board.forget_pins)
+        # The audit log (issue 27, mirror.audit): an event per file served and per refusal, indexed in the background.
+        self.audit: AuditRecorder | None = None
+        self.audit_index: IndexFollower | None = None
+        if settings.audit_log:
+            directory = settings.audit_directory
+            self.audit = AuditRecorder(AuditLog(directory, max_file_bytes=settings.audit_file_size,
+                                                session_idle=settings.audit_session_seconds),
+                                       (settings.upstream_token or "",))
+            self.audit_index = IndexFollower(directory)
+            if self.xet_cas is not None:
+                self.xet_cas.audited = True
 
     async def start(self) -> None:
         await self.parts.start()
         self.history.start()
+        if self.audit_index is not None:
+            self.audit_index.start()
 
     async def close(self) -> None:
         await self.history.aclose()
         await self.warm_jobs.aclose()
         await self.parts.aclose()
+        if self.audit is not None:
+            self.audit.log.close()
+        if self.audit_index is not None:
+            await self.audit_index.aclose()
 
     async def status(self, **params: Any) -> dict[str, Any]:
         """One page of the status data (``page``, ``q``, ``per_page``): mirror.status.StatusBoard."""
@@ -171,6 +189,8 @@ class MirrorApp:
         """The request's identity (401 in auth mode without a valid mirror token), checked against the lists.
         ``kind``: what the answer shows of ``repo`` (``content``, or ``meta`` for the Hub API's JSON)."""
         caller, principal = self.auth.caller(bearer_token(scope))
+        if principal is not None:
+            scope[AUDIT_WHO] = principal.name  # the audit log names the mirror token's holder
         if repo is not None:
             self.auth.authorize(principal, repo)
             if caller.lent:
@@ -205,9 +225,12 @@ class MirrorApp:
         status_box: list[int] = [0]
         size_box: list[int | None] = [None]
         request_header = (b"x-request-id", request_id.encode())
+        audit = self.mirror.audit
 
         async def send_outward(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
+                if audit is not None:  # before the first byte: a served file's event is never lost (mirror.audit)
+                    audit.response_started(scope, message, request_id)
                 status_box[0] = message["status"]
                 for name, value in message.get("headers", ()):
                     if name == b"content-length" and scope["method"] != "HEAD":
@@ -273,6 +296,9 @@ class MirrorApp:
                 raise MethodNotAllowed(f"{method} is not allowed here: this mirror is read-only",
                                        allow=route.methods)
             if route.resolve is not None:
+                if self.mirror.audit is not None:
+                    target = route.resolve
+                    note_file(scope, target.repo.type.value, target.repo.repo_id, target.path, target.revision)
                 caller = await self.lent_caller(scope, route.resolve.repo)
                 return await self.mirror.resolve(scope, receive, send, route.resolve, caller)
             if route.api is not None:

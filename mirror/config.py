@@ -251,6 +251,14 @@ class Settings(BaseSettings):
     warm_queue: int = Field(16, ge=0)
     warm_rate: float = Field(60.0, ge=0)
     warm_max_bytes: Size = 50 * 1000**3
+    # The audit log (issue 27, mirror.audit): one JSON line per file served and per refusal, under ``audit_dir``
+    # (default ``<cache_dir>/audit``), files rotated past ``audit_file_size``, never deleted by the mirror. On by
+    # default: the question "who took this model, and when" comes after the download, when it is too late to turn
+    # a log on. A client's requests for one file within ``audit_session_seconds`` of each other are one event.
+    audit_log: Flag = True
+    audit_dir: OptionalPath = None
+    audit_file_size: Bytes = Field(64 * 1024**2, ge=4096)
+    audit_session_seconds: float = Field(3600.0, ge=0)
     # TLS for the embedded server.
     ssl_certfile: OptionalPath = None
     ssl_keyfile: OptionalPath = None
@@ -361,6 +369,10 @@ class Settings(BaseSettings):
         """Any admission rule configured (mirror.admission): without one the mirror admits every file, unchanged."""
         return any(getattr(self, name) != field.default for name, field in type(self).model_fields.items()
                    if name.startswith("policy_") and name not in ("policy_dry_run", "policy_facts_ttl"))
+
+    @property
+    def audit_directory(self) -> Path:
+        return self.audit_dir or self.cache_dir / "audit"
 
     @property
     def auth_required(self) -> bool:

@@ -111,7 +111,9 @@ class PolicyBlocked(MirrorError):
     code = "PolicyBlocked"
 
     def __init__(self, message: str, *, rule: str, path: str, quarantined: bool = False) -> None:
-        super().__init__(message)
+        # The rule and the outcome also as headers: the audit log records them from the answer (mirror.audit).
+        super().__init__(message, headers={"X-Mirror-Policy-Rule": rule,
+                                           "X-Mirror-Policy-Outcome": "quarantined" if quarantined else "refused"})
         self.rule = rule
         self.path = path
         self.quarantined = quarantined

@@ -396,6 +396,14 @@ class MetadataIndex:
         prefix = _key("file", repo.type.value, repo.repo_id, "")
         return [entry for _key_, entry in self._rows_with_prefix(prefix) if isinstance(entry, FileEntry)]
 
+    def api_entries(self, repo: RepoRef) -> Iterator[tuple[str, ApiEntry]]:
+        """One repo's cached API answers as (revision, entry), from a range query on its key prefix (the bill of
+        materials reads the info and paths-info JSON of a revision: mirror.audit.sbom)."""
+        for key, entry in self._rows_with_prefix(_key("api", repo.type.value, repo.repo_id, "")):
+            parts = key.split(_SEP)
+            if len(parts) >= 4 and isinstance(entry, ApiEntry):
+                yield parts[3], entry
+
     def pin_sources(self) -> dict[tuple[str, str], str]:
         """(type, repo id) -> what pinned it: a sync manifest's name, or ``operator``."""
         out: dict[tuple[str, str], str] = {}

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from mirror import __version__, demo
-from mirror.cli import cache, policy, serve, sync
+from mirror.cli import audit, cache, policy, sbom, serve, sync
 from mirror.cli.settings import add_settings_arguments, settings_flags, with_settings
 from mirror.config import ConfigError
 from mirror.harness import command as bench
@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_arguments(command("cache", cache.HELP, with_settings(cache.run), [settings_flags(command="cache")]))
     policy.add_arguments(command("policy", policy.HELP, with_settings(policy.run), [settings_flags(command="policy")]),
                          lambda child: add_settings_arguments(child, suppress_defaults=True, command="policy"))
+    command("audit", audit.HELP, with_settings(audit.run), [audit.flags(), settings_flags(command="audit")])
+    command("sbom", sbom.HELP, with_settings(sbom.run), [sbom.flags(), settings_flags(command="sbom")])
     bench.add_arguments(command("bench", "measure data loading through an endpoint into a training loop",
                                 bench.run))
     demo.add_arguments(command("demo", "sample hub + mirror + bench, offline, in under a minute", demo.run))

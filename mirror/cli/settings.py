@@ -38,6 +38,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
                          "policy_license_other", "policy_allow_publishers", "policy_deny_publishers",
                          "policy_facts_ttl"),
     "logs": ("log_format", "log_level"),
+    "audit log": ("audit_log", "audit_dir", "audit_file_size", "audit_session_seconds"),
 }
 _GROUP_OF = {dest: title for title, dests in SETTING_GROUPS.items() for dest in dests}
 OTHER_GROUP = "more settings"
@@ -46,6 +47,8 @@ COMMAND_GROUPS: dict[str, tuple[str, ...] | None] = {
     "sync": ("settings file", "cache and quota", "upstream", "fills and bandwidth", "fleet (storage s3)", "logs"),
     "cache": ("settings file", "cache and quota", "fleet (storage s3)", "logs"),
     "policy": ("settings file", "cache and quota", "upstream", "admission policy", "logs"),
+    "audit": ("settings file", "cache and quota", "audit log"),
+    "sbom": ("settings file", "cache and quota", "fleet (storage s3)"),
 }
 
 
@@ -180,6 +183,12 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
     add("--policy-deny-publishers", help="these namespaces are refused, e.g. 'model:evil-org'")
     add("--policy-facts-ttl", type=float, help="seconds the Hub's verdict and licence of a commit are trusted "
         "(default 3600)")
+    add("--audit-log", action=argparse.BooleanOptionalAction, default=None,
+        help="one JSON line per file served and per refusal, for `hf-mirror audit` (on by default)")
+    add("--audit-dir", type=Path, help="where the audit log and its index live (default <cache-dir>/audit)")
+    add("--audit-file-size", help="size past which an audit file is rotated, e.g. 64M (default)")
+    add("--audit-session-seconds", type=float, help="a client's requests for one file within this many seconds "
+        "of each other (resumes, Xet ranges) are one audit event (default 3600)")
 
 
 def settings_flags(*, suppress_defaults: bool = False, command: str = "serve") -> argparse.ArgumentParser:

@@ -19,6 +19,8 @@ LOCAL_IMPORTS_ALLOWED = {
         "aiobotocore is the optional s3 extra: only storage = 's3' imports it",
     ("mirror.metadata", "mirror.metadata.postgres"):
         "psycopg is the optional fleet extra: only metadata_url imports it",
+    ("mirror.cli.sbom", "mirror.audit.sbom"):
+        "only `sbom` loads cyclonedx-python-lib and jsonschema; the other commands start without them",
     ("mirror.cli.serve", "mirror.server"):
         "only `serve` loads the server stack (uvicorn, FastAPI: ~0.5 s); `cache` and `sync` start without it",
 }
@@ -229,7 +231,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("adapters", ("mirror.index", "mirror.storage", "mirror.metadata", "mirror.upstream")),
     ("policy", ("mirror.access", "mirror.admission", "mirror.auth", "mirror.fill", "mirror.service", "mirror.viewer",
                 "mirror.parquet_info", "mirror.xet")),
-    ("edges", ("mirror.routes", "mirror.sync", "mirror.cache", "mirror.status")),
+    ("edges", ("mirror.routes", "mirror.sync", "mirror.cache", "mirror.status", "mirror.audit")),
     ("the one wiring", ("mirror.parts", "mirror.app", "mirror.front", "mirror.server")),
     ("the CLI", ("mirror.cli", "mirror.__main__")),
 )

@@ -12,6 +12,8 @@ from urllib.parse import parse_qs, quote
 from mirror import hf
 from mirror.access import Caller
 from mirror.asgi import Receive, Scope, Send
+from mirror.audit import note_file
+from mirror.audit.event import ANONYMOUS
 from mirror.config import Settings
 from mirror.errors import HubError, MethodNotAllowed, MirrorError, RouteNotFound
 from mirror.fill import FillManager
@@ -20,7 +22,7 @@ from mirror.routes.common import bearer_token, header, mirror_base, parse_range,
 from mirror.routes.xet.reader import SourceReader
 from mirror.service import MirrorService
 from mirror.service.answers import Cached, FileEntry, Filling, Relay, ResolvedFile
-from mirror.xet import CAS_PREFIX, XetCatalog, XetSigner, xorb
+from mirror.xet import CAS_PREFIX, XetCatalog, XetFile, XetSigner, xorb
 from mirror.xet.finder import XetFinder
 
 log = logging.getLogger("hf_mirror.xet")
@@ -41,6 +43,7 @@ class XetCas:
         self.metrics = metrics
         self.token_ttl = settings.xet_token_ttl
         self.finder = XetFinder(service, catalog)
+        self.audited = False  # the audit log is on: a reconstruction is the event of an Xet download (mirror.audit)
 
     async def cas(self, scope: Scope, receive: Receive, send: Send, path: str) -> Outcome:
         """Everything under ``{mirror}/_xet``; ``path`` is the rest (``/v2/reconstructions/{hash}``...)."""
@@ -86,6 +89,8 @@ class XetCas:
         # The admission policy, by hash as by name (its xorbs are held to it again: open_blob).
         await self.service.admit_bytes(ResolvedFile(repo, FileEntry(file.commit, file.path, file.etag, file.size,
                                                                     lfs=True), Outcome.HIT), caller)
+        if self.audited and scope["method"] == "GET":
+            await self._note(scope, repo, file, claims)
         if file.size == 0:
             data = xorb.reconstruction(file_hash, 0, 0, 0, str, version)
         else:
@@ -159,6 +164,19 @@ class XetCas:
                 log.warning("aborting Xet range of %s %s: %s", repo.key, claims["p"], exc)
                 return Outcome.ABORTED
         return source.outcome
+
+    async def _note(self, scope: Scope, repo: hf.RepoRef, file: XetFile, claims: dict) -> None:
+        """The audit log's view of this download: the file behind the hash, the bytes this reconstruction hands out
+        (its Range, else the file), whether they are cached, and the caller the token was issued to. The byte ranges
+        that follow are the same client session: they add no event."""
+        byte_range = parse_range(header(scope, b"range"), file.size) if file.size else None
+        length = file.size if byte_range is None else byte_range[1] - byte_range[0] + 1
+        entry = FileEntry(file.commit, file.path, file.etag, file.size, lfs=True)
+        cache = await self.service.head_outcome(ResolvedFile(repo, entry, Outcome.HIT))
+        mode = claims.get("m")
+        caller = claims.get("w") or (f"token:{str(claims.get('u', ''))[:16]}" if mode == "own" else ANONYMOUS)
+        note_file(scope, repo.type.value, repo.repo_id, file.path, None, commit=file.commit, etag=file.etag,
+                  size=length, via="xet", caller=str(caller), cache=str(cache))
 
     @staticmethod
     async def _framed(read: Callable[[int, int], Awaitable[bytes]], size: int, index: int, first: int,

@@ -10,6 +10,7 @@ from urllib.parse import quote
 from mirror import hf
 from mirror.access import Caller, token_digest
 from mirror.asgi import Scope, Send
+from mirror.audit import caller_of
 from mirror.config import Settings
 from mirror.errors import EntryNotFound, HubError, MirrorError, OfflineMiss, RevisionNotFound, UpstreamUnavailable
 from mirror.metrics import Metrics, Outcome
@@ -79,7 +80,7 @@ class XetTokenRoute:
             repo = target.repo
             commit = await self._granted_commit(repo, target.revision or "", caller)
             claims = {"t": repo.type.value, "r": repo.repo_id, "c": commit, "u": token_digest(caller.token),
-                      **self._caller_claims(caller)}
+                      "w": caller_of(scope), **self._caller_claims(caller)}  # w: who, as the audit log names them
             token, exp = self.signer.sign("access", claims, self.token_ttl)
         except MirrorError as exc:
             self.metrics.requests.labels(route="xet-token", outcome=Outcome.ERROR).inc()
