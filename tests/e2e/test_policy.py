@@ -259,3 +259,19 @@ def test_policy_check_prints_each_file_and_its_rule(emulator: EmulatorHandle, tm
                  "--cache-dir", str(tmp_path / "cache"))
     assert tagged.returncode == 0 and all(json.loads(line)["decision"] == "allow"
                                           for line in tagged.stdout.splitlines())
+
+
+def test_refusals_are_in_the_audit_log_with_their_rule(emulator: EmulatorHandle, tmp_path: Path) -> None:
+    """Issue 27 item 4: each refusal is an audit event naming the rule; a quarantine is its own outcome."""
+    cache = tmp_path / "cache"
+    with MirrorProcess(emulator.url, cache, *STRICT) as mirror:
+        assert_refused(httpx.get(url(mirror, ZOO, "modeling_zoo.py")), "file-type", "modeling_zoo.py")
+        assert_refused(httpx.get(url(mirror, ZOO, "evil/exec.pt")), "hub-scan-caution", "evil/exec.pt")
+        assert httpx.get(url(mirror, ZOO, "config.json")).status_code == 200
+    done = cli("audit", "--cache-dir", str(cache), "--repo", ZOO, "--json")
+    assert done.returncode == 0, done.stderr
+    events = {e["path"]: e for e in map(json.loads, done.stdout.splitlines())}
+    assert events["modeling_zoo.py"]["outcome"] == "refused" and events["modeling_zoo.py"]["rule"] == "file-type"
+    assert events["evil/exec.pt"]["outcome"] == "quarantined"
+    assert events["evil/exec.pt"]["rule"] == "hub-scan-caution"
+    assert events["config.json"]["outcome"] in ("miss", "hit")
