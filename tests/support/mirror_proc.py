@@ -45,7 +45,7 @@ class MirrorProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 20.0) -> MirrorProcess:
+    def start(self, timeout: float = 60.0) -> MirrorProcess:  # generous: a loaded 2-core CI box starts slowly
         env = {**os.environ, **self.env}
         env.pop("HF_TOKEN", None)
         cmd = [self.python, "-m", "mirror", "serve", "--host", "127.0.0.1", "--port", str(self.port),
@@ -57,7 +57,7 @@ class MirrorProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"mirror exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                if httpx.get(self.url + "/healthz", timeout=5).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
