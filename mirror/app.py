@@ -54,6 +54,7 @@ ROUTE_CLASS = "hf_mirror.route"
 # The memo of classified paths (check_canonical and classify depend on the path alone): bounded in entries and length.
 _ROUTE_MEMO_ENTRIES = 4096
 _ROUTE_MEMO_PATH = 1024
+_ROUTE_CLASSES = {kind: kind.value for kind in hf.RouteKind}  # an enum's .value is a property call
 
 
 class Mirror:
@@ -279,7 +280,7 @@ class MirrorApp:
                     if len(self._routes) >= _ROUTE_MEMO_ENTRIES:
                         self._routes.clear()
                     self._routes[raw_path] = route
-            scope[ROUTE_CLASS] = route.kind.value
+            scope[ROUTE_CLASS] = _ROUTE_CLASSES[route.kind]
             if method == "OPTIONS":
                 await send_preflight(send, route.methods, grant=route.kind is not hf.RouteKind.MIRROR)
                 return "options"
