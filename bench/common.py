@@ -226,8 +226,9 @@ def ab_head(url: str, seconds: int, concurrency: int) -> dict[str, float]:
     failed = int(re.search(r"Failed requests:\s+(\d+)", out).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx responses:\s+(\d+)", out)
     pct = dict(re.findall(r"^\s+(\d+)%\s+(\d+)", out, flags=re.MULTILINE))
+    complete = int(re.search(r"Complete requests:\s+(\d+)", out).group(1))  # type: ignore[union-attr]
     return {"rps": rps, "p50_ms": float(pct.get("50", "nan")), "p99_ms": float(pct.get("99", "nan")),
-            "failed": failed + (int(non2xx.group(1)) if non2xx else 0)}
+            "failed": failed + (int(non2xx.group(1)) if non2xx else 0), "requests": complete}
 
 
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:

@@ -3,7 +3,9 @@
 
 With ``--baseline PATH`` (another checkout, e.g. ``git worktree add /tmp/old <commit>``) that tree's mirror runs too,
 on its own cache, and every round measures nginx, the mirror and the baseline in turn: a paired before/after on a
-machine whose load moves between rounds. Medians of the rounds, and the ratios.
+machine whose load moves between rounds. Medians of the rounds, and the ratios. Each mirror's CPU time per answer
+(its process's CPU-seconds over the requests ab completed) is reported too: on a loaded machine it moves far less
+than a rate does.
 
     python -m bench.head [--rounds 5] [--seconds 5] [--connections 32] [--baseline /tmp/old] [--json out.json]
 """
@@ -16,7 +18,18 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import Nginx, Report, ab_head, blob_path, emulator, ensure_tools, machine, median_of, write_json
+from bench.common import (
+    Nginx,
+    Report,
+    ab_head,
+    blob_path,
+    cpu_seconds,
+    emulator,
+    ensure_tools,
+    machine,
+    median_of,
+    write_json,
+)
 from tests.support.mirror_proc import MirrorProcess
 
 REPO = "acme/tiny-model"
@@ -45,7 +58,12 @@ def run(rounds: int, seconds: int, connections: int, baseline: Path | None) -> R
                 results: dict[str, list[dict[str, float]]] = {name: [] for name in urls}
                 for _ in range(rounds):
                     for name, url in urls.items():
-                        results[name].append(ab_head(url, seconds, connections))
+                        proc = procs.get(name)
+                        before = cpu_seconds(proc.proc.pid) if proc and proc.proc else 0.0
+                        result = ab_head(url, seconds, connections)
+                        if proc and proc.proc:  # the mirror's own CPU per answer: steadier than a rate on a busy box
+                            result["cpu_us"] = (cpu_seconds(proc.proc.pid) - before) / max(result["requests"], 1) * 1e6
+                        results[name].append(result)
         finally:
             for proc in procs.values():
                 proc.stop()
@@ -58,10 +76,19 @@ def run(rounds: int, seconds: int, connections: int, baseline: Path | None) -> R
                    rounds=[round(r["rps"]) for r in results[name]])
         report.add(f"p99 latency, {label}", med[name]["p99_ms"], med["nginx"]["p99_ms"], "ms", "nginx",
                    higher_is_better=False)
+    if not baseline:
+        report.add("CPU per request, mirror", med["mirror"]["cpu_us"], med["mirror"]["cpu_us"], "us", "itself",
+                   higher_is_better=False, rounds=[round(r["cpu_us"], 1) for r in results["mirror"]])
     if baseline:
         report.add("requests/s, mirror against baseline", med["mirror"]["rps"], med["baseline"]["rps"], "req/s",
                    "baseline mirror", round_ratios=[round(o["rps"] / b["rps"], 3) for o, b in
                                                     zip(results["mirror"], results["baseline"], strict=True)])
+        report.add("CPU per request, mirror against baseline", med["mirror"]["cpu_us"], med["baseline"]["cpu_us"],
+                   "us", "baseline mirror", higher_is_better=False,
+                   mirror_rounds=[round(r["cpu_us"], 1) for r in results["mirror"]],
+                   baseline_rounds=[round(r["cpu_us"], 1) for r in results["baseline"]],
+                   round_ratios=[round(b["cpu_us"] / o["cpu_us"], 3) for o, b in
+                                 zip(results["mirror"], results["baseline"], strict=True)])
     return report
 
 

@@ -52,6 +52,10 @@ _GUARDED_OPS = ("", "/metrics", "/api/mirror/status")
 _LENT = "hf_mirror.lent"  # scope key: (repo, kind) of an answer for a caller lent the service token
 # The route class of a request, for hf_mirror_request_duration_seconds: set by _dispatch once it knows it.
 ROUTE_CLASS = "hf_mirror.route"
+# The memo of classified paths (check_canonical and classify depend on the path alone): bounded in entries and length.
+_ROUTE_MEMO_ENTRIES = 4096
+_ROUTE_MEMO_PATH = 1024
+_ROUTE_CLASSES = {kind: kind.value for kind in hf.RouteKind}  # an enum's .value is a property call
 
 
 class Mirror:
@@ -146,6 +150,7 @@ class MirrorApp:
         self.metrics = Metrics()
         self.mirror: Mirror | None = None
         self.auth = MirrorAuth(settings)
+        self._routes: dict[str, hf.Route] = {}  # raw path -> its route, for paths check_canonical passed
         self.access_log = (AccessLog(settings.log_format, (settings.upstream_token or "",))
                            if settings.access_log else None)
         self.fastapi = FastAPI(title="hf-mirror", version="0.1.0", lifespan=self._lifespan)
@@ -226,17 +231,22 @@ class MirrorApp:
         size_box: list[int | None] = [None]
         request_header = (b"x-request-id", request_id.encode())
         audit = self.mirror.audit
+        head = scope["method"] == "HEAD"
 
         async def send_outward(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 if audit is not None:  # before the first byte: a served file's event is never lost (mirror.audit)
                     audit.response_started(scope, message, request_id)
                 status_box[0] = message["status"]
-                for name, value in message.get("headers", ()):
-                    if name == b"content-length" and scope["method"] != "HEAD":
-                        size_box[0] = int(value)
-                cors = CORS_HEADERS if self._any_origin(scope) else ()
-                message["headers"] = [*message.get("headers", ()), *cors, request_header]
+                headers = message.get("headers", ())
+                if not head:  # a HEAD's Content-Length announces no body: no size in the log
+                    for name, value in headers:
+                        if name == b"content-length":
+                            size_box[0] = int(value)
+                if _LENT not in scope or self._any_origin(scope):
+                    message["headers"] = [*headers, *CORS_HEADERS, request_header]
+                else:
+                    message["headers"] = [*headers, request_header]
             await send(message)
 
         # The zero-copy path needs uvicorn's own bound ``send`` (see mirror.routes.sendfile): it travels in the scope.
@@ -257,7 +267,9 @@ class MirrorApp:
         try:
             if sum(len(k) + len(v) for k, v in scope["headers"]) > self.settings.max_header_bytes:
                 raise HeadersTooLarge(f"request headers exceed {self.settings.max_header_bytes} bytes")
-            hf.check_canonical(raw_path)
+            route = self._routes.get(raw_path)  # a path seen before: canonical, and what classify said of it
+            if route is None:
+                hf.check_canonical(raw_path)
             if is_viewer_host(scope):  # datasets-server.<this host>: the viewer's routes only, never relayed
                 scope[ROUTE_CLASS] = "viewer"
                 if method == "OPTIONS":
@@ -287,8 +299,13 @@ class MirrorApp:
                                                       lambda repo: self.caller(scope, repo),
                                                       lambda action: self.auth.require_operator(bearer, action),
                                                       self.auth.is_operator(bearer))
-            route = hf.classify(raw_path)
-            scope[ROUTE_CLASS] = route.kind.value
+            if route is None:
+                route = hf.classify(raw_path)
+                if len(raw_path) <= _ROUTE_MEMO_PATH:
+                    if len(self._routes) >= _ROUTE_MEMO_ENTRIES:
+                        self._routes.clear()
+                    self._routes[raw_path] = route
+            scope[ROUTE_CLASS] = _ROUTE_CLASSES[route.kind]
             if method == "OPTIONS":
                 await send_preflight(send, route.methods, grant=route.kind is not hf.RouteKind.MIRROR)
                 return "options"

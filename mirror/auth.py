@@ -84,6 +84,7 @@ class MirrorAuth:
         self.service_token = settings.upstream_token
         self.lend = settings.lend_upstream_token
         self.filter = RepoFilter(settings.allow_repos, settings.deny_repos)
+        self._anonymous: Caller | None = None  # the caller without a token (default mode), made on first use
         self._by_digest: dict[str, Principal] = {}
         if settings.auth_tokens_file:
             self._load_tokens(settings.auth_tokens_file)
@@ -112,8 +113,12 @@ class MirrorAuth:
         if not self.required:
             if bearer and not self.is_admin_token(bearer):  # the admin token never goes upstream
                 return Caller(bearer, own_token=True, check=self.filter.check), None
-            lent = bool(self.lend and self.service_token)
-            return Caller(self.service_token if lent else None, lent=lent, check=self.filter.check), None
+            anonymous = self._anonymous  # the same (immutable) caller every time: most requests are this one
+            if anonymous is None:
+                lent = bool(self.lend and self.service_token)
+                anonymous = self._anonymous = Caller(self.service_token if lent else None, lent=lent,
+                                                     check=self.filter.check)
+            return anonymous, None
         principal = self.principal(bearer)
         return Caller(self.service_token, check=functools.partial(self.authorize, principal)), principal
 

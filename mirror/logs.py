@@ -142,6 +142,10 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload)
 
 
+_CLEANED_ENTRIES = 4096  # the access log's memo of cleaned paths: at most this many, none longer than
+_CLEANED_LENGTH = 512
+
+
 class AccessLog:
     """One line per request, in the format of the other log lines, written in batches.
 
@@ -159,6 +163,7 @@ class AccessLog:
         self._flush_pending = False
         self._second = -1
         self._stamp = ""
+        self._cleaned: dict[str, str] = {}  # path or outcome -> its cleaned text (see _clean)
 
     def write(self, request_id: str, method: str, path: str, status: int | str, millis: float, outcome: str,
               size: int | None = None) -> None:
@@ -169,8 +174,9 @@ class AccessLog:
             pattern = "%Y-%m-%dT%H:%M:%S" if self.json else "%Y-%m-%d %H:%M:%S"
             self._stamp = time.strftime(pattern, time.gmtime(now) if self.json else time.localtime(now))
         msecs = int((now - self._second) * 1000)
-        path = self._clean(path)
-        outcome = self._clean(outcome)
+        cleaned = self._cleaned
+        path = cleaned.get(path) or self._clean(path)
+        outcome = cleaned.get(outcome) or self._clean(outcome)
         if self.json:
             # Fields a log pipeline can filter on; ``message`` keeps the text line's words for people.
             line = json.dumps({"ts": f"{self._stamp}.{msecs:03d}Z", "level": "info", "logger": "hf_mirror.access",
@@ -189,12 +195,19 @@ class AccessLog:
                 self.flush()
 
     def _clean(self, text: str) -> str:
-        # The hot path: a cached HEAD's line has no token, URL or control character, and costs three scans.
+        # The hot path: a cached HEAD's line has no token, URL or control character, and costs three scans; the
+        # result is remembered for the paths and outcomes that come back (most of them), a bounded set.
+        raw = text
         if "hf_" in text or "eyJ" in text or "Bearer" in text or "://" in text:
             text = redact(text)
         for secret in self.secrets:
             text = text.replace(secret, "***")
-        return escape_controls(text)
+        text = escape_controls(text)
+        if len(raw) <= _CLEANED_LENGTH and text:
+            if len(self._cleaned) >= _CLEANED_ENTRIES:
+                self._cleaned.clear()
+            self._cleaned[raw] = text
+        return text
 
     def flush(self) -> None:
         self._flush_pending = False
@@ -208,6 +221,21 @@ class AccessLog:
 
 
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_ID_BATCH = 256  # new request ids drawn from the OS at once: one getrandom call per 256 requests, not one each
+_id_pool: list[str] = []  # ids not handed out yet (list.pop is atomic: safe from any thread)
+
+
+def _new_id() -> str:
+    """A new request id: 8 random bytes in hex, as ``os.urandom(8).hex()``, drawn in batches."""
+    try:
+        return _id_pool.pop()
+    except IndexError:
+        batch = os.urandom(8 * _ID_BATCH).hex()
+        _id_pool.extend(batch[start:start + 16] for start in range(0, len(batch), 16))
+        return _id_pool.pop()
+
+
+os.register_at_fork(after_in_child=_id_pool.clear)  # a forked child never hands out its parent's ids
 
 
 def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
@@ -219,7 +247,7 @@ def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
             if _REQUEST_ID_RE.fullmatch(text) and _TOKEN_RE.search(text) is None:
                 return text
             break
-    return os.urandom(8).hex()
+    return _new_id()
 
 
 def setup_logging(level: str = "info", fmt: str = "text", secrets: tuple[str, ...] = ()) -> None:

@@ -11,13 +11,16 @@ set by :mod:`mirror.server` before the workers start) and ``/metrics`` adds them
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
+from itertools import accumulate
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.utils import floatToGoString
 
 from mirror import __version__
 
@@ -73,6 +76,33 @@ class _WithOldNames:
                 yield alias
 
 
+class _Durations:
+    """``hf_mirror_request_duration_seconds`` in one process: the same exposition as a labelled prometheus Histogram
+    with :data:`REQUEST_BUCKETS`, counted in plain lists (observed from the event loop's thread)."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self._le = [floatToGoString(b) for b in (*REQUEST_BUCKETS, float("inf"))]
+        # (route, outcome) -> [sum, then a count per bucket (the one each observation falls in, +Inf last)]
+        self._series: dict[tuple[str, str], list[float]] = {}
+        registry.register(self)
+
+    def observe(self, key: tuple[str, str], seconds: float) -> None:
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = [0.0] * (len(self._le) + 1)
+        series[0] += seconds
+        series[1 + bisect_left(REQUEST_BUCKETS, seconds)] += 1  # the first bucket whose bound is >= seconds
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=["route", "outcome"])
+        for key, series in list(self._series.items()):
+            counts = list(accumulate(series[1:]))
+            family.add_metric(list(key), list(zip(self._le, counts, strict=True)), series[0])
+        yield family
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -80,10 +110,14 @@ class Metrics:
         self.requests = Counter(
             "hf_mirror_requests", "Requests served, by route kind and outcome", ["route", "outcome"], registry=r
         )
-        self.request_duration = Histogram(
-            "hf_mirror_request_duration_seconds", "Time from a request's arrival to the end of its answer, by route "
-            "class and outcome", ["route", "outcome"], registry=r, buckets=REQUEST_BUCKETS,
-        )
+        duration = ("hf_mirror_request_duration_seconds", "Time from a request's arrival to the end of its answer, by "
+                    "route class and outcome")
+        # One process: every request's observation is a few list updates here, read at each scrape (a prometheus
+        # Histogram takes two locks and some calls per observation, a measurable part of a cached HEAD). Several
+        # processes count into the shared files, which only prometheus_client's own Histogram writes.
+        self.request_duration: Histogram | _Durations = (
+            Histogram(*duration, ["route", "outcome"], registry=r, buckets=REQUEST_BUCKETS)
+            if os.environ.get(MULTIPROC_ENV) else _Durations(*duration, registry=r))
         self.bytes_served = Counter("hf_mirror_served_bytes", "Body bytes sent to clients", ["source"], registry=r)
         self.bytes_fetched = Counter("hf_mirror_upstream_bytes", "Body bytes fetched from upstream", registry=r)
         self.bytes_from_peers = Counter(
@@ -144,9 +178,13 @@ class Metrics:
     def observe_request(self, route: str, outcome: str, seconds: float) -> None:
         """One served request's duration; an outcome outside :class:`Outcome` (ops routes, actions) is ``other``."""
         key = (route, outcome if outcome in _OUTCOMES else "other")
+        durations = self.request_duration
+        if type(durations) is _Durations:
+            durations.observe(key, seconds)
+            return
         child = self._durations.get(key)
         if child is None:  # labels() costs a lock and a dict build: once per pair, not per request
-            child = self._durations[key] = self.request_duration.labels(route=key[0], outcome=key[1])
+            child = self._durations[key] = durations.labels(route=key[0], outcome=key[1])
         child.observe(seconds)
 
     def render(self) -> bytes:

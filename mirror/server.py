@@ -101,10 +101,17 @@ class HttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
-        if len(data) <= _SLICE and self._unparsed + len(data) <= self.max_header_bytes:
-            # The common case (a whole request head, well under the cap): one feed, no slicing.
-            self._unparsed += len(data)
-            if not self._feed(data):
+        unparsed = self._unparsed + len(data)
+        if len(data) <= _SLICE and unparsed <= self.max_header_bytes:
+            # The common case (a whole request head, well under the cap): one feed, no slicing (_feed inlined: this
+            # runs for every request).
+            self._unparsed = unparsed
+            try:
+                self.parser.feed_data(data)
+            except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+                self._feed_failed(exc)
+                return
+            if self.transport.is_closing():
                 return
         else:
             view = memoryview(data)
@@ -119,25 +126,30 @@ class HttpProtocol(HttpToolsProtocol):
                 if self._unparsed > self.max_header_bytes:
                     self._refuse_oversized()
                     return
-        if self._header_timer is None and self._idle():  # a head has begun: it is due within header_timeout
-            self._arm_header_timer()
+        if self._header_timer is None:  # a head has begun: it is due within header_timeout (unless one is answered)
+            cycle = self.cycle
+            if (cycle is None or cycle.response_complete) and not self.pipeline:  # self._idle(), inlined
+                self._arm_header_timer()
 
     def _feed(self, piece: bytes | memoryview) -> bool:
         """Give the parser ``piece``; False when the connection is done with (a bad request, an upgrade, closed)."""
         try:
             self.parser.feed_data(piece)
-        except httptools.HttpParserError:
-            msg = "Invalid HTTP request received."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            self._feed_failed(exc)
             return False
-        except httptools.HttpParserUpgrade:
+        return not self.transport.is_closing()
+
+    def _feed_failed(self, exc: Exception) -> None:
+        if isinstance(exc, httptools.HttpParserUpgrade):
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
-            return False
-        return not self.transport.is_closing()
+            return
+        msg = "Invalid HTTP request received."
+        self.logger.warning(msg)
+        self.send_400_response(msg)
 
     # Parser callbacks.
     def on_message_begin(self) -> None:
@@ -146,7 +158,8 @@ class HttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_complete = True
-        self._cancel_header_timer()
+        if self._header_timer is not None:
+            self._cancel_header_timer()
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and self.scope.get("http_version") == "1.0" and self.parser.should_keep_alive():

@@ -96,6 +96,9 @@ class FileService(ServiceCore):
         return self._found(target.repo, entry, _STALE)
 
     async def _check_content_access(self, repo: hf.RepoRef, revision: str, path: str, caller: Caller) -> None:
+        if self.access.is_public(repo, "content"):  # access.check's first test, before a probe is made for nothing
+            return
+
         async def probe(token: str | None) -> None:
             if self.settings.offline:
                 raise UpstreamUnavailable("offline")
