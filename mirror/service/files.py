@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 
 from mirror import hf
 from mirror.access import Caller, token_digest
-from mirror.errors import EntryNotFound, HubError, MirrorError, OfflineMiss, UpstreamUnavailable
+from mirror.errors import EntryNotFound, ErrorCode, HubError, MirrorError, OfflineMiss, UpstreamUnavailable
 from mirror.fill import FillSpec
 from mirror.index import FileEntry, blob_key
 from mirror.metrics import Outcome
@@ -132,7 +132,7 @@ class FileService(ServiceCore):
             try:
                 await self.upstream.head_file(repo, at, path, token, caller.check)
             except HubError as exc:
-                if exc.code not in ("EntryNotFound", "RevisionNotFound"):
+                if exc.code not in (ErrorCode.ENTRY_NOT_FOUND, ErrorCode.REVISION_NOT_FOUND):
                     raise
 
         await self.access.check(repo, "content", caller, probe)

@@ -125,11 +125,11 @@ class CacheDirBackend:
         if not isinstance(sha, str) or not hf.is_commit(sha):
             raise MirrorError(f"upstream's /revision/{job.revision} answer carries no commit sha")
         note = None
-        if outcome == "stale":
+        if outcome == Outcome.STALE:
             note = "upstream unreachable: kept the cached commit"
             job.stale = True
         if not self.dry_run and not hf.is_commit(job.revision):
-            if outcome == "stale":
+            if outcome == Outcome.STALE:
                 pass  # keep the ref's confirmation time: it was not confirmed now
             else:
                 self.index.put_ref(job.spec.repo, job.revision, sha)

@@ -14,6 +14,7 @@ import httpx
 from mirror import hf
 from mirror.config import Settings
 from mirror.errors import HubError, MirrorError
+from mirror.metrics import Outcome
 from mirror.sync.jobs import RemoteFile, RevisionJob
 from mirror.sync.listings import LINK_NEXT_RE, LS_QUERY, TREE_QUERY
 from mirror.sync.manifest import Manifest
@@ -85,7 +86,7 @@ class MirrorBackend:
         sha = data.get("sha") if isinstance(data, dict) else None
         if not isinstance(sha, str) or not hf.is_commit(sha):
             raise MirrorError(f"the mirror's /revision/{job.revision} answer carries no commit sha")
-        job.stale = response.headers.get(hf.H_MIRROR_CACHE) == "stale"
+        job.stale = response.headers.get(hf.H_MIRROR_CACHE) == Outcome.STALE
         return sha, "mirror's upstream unreachable: kept its cached commit" if job.stale else None
 
     async def list_tree(self, job: RevisionJob) -> list[dict[str, Any]]:
@@ -125,7 +126,7 @@ class MirrorBackend:
             return False  # the GET itself tells (X-Mirror-Cache: hit), and stops at once on a hit
         response = await self.client.head(self._resolve_url(job, item), headers=self._headers(job))
         # "hit" on a HEAD: the mirror has the metadata and the blob.
-        return response.status_code == 200 and response.headers.get(hf.H_MIRROR_CACHE) == "hit"
+        return response.status_code == 200 and response.headers.get(hf.H_MIRROR_CACHE) == Outcome.HIT
 
     def partial_bytes(self, item: RemoteFile) -> int:
         return 0
@@ -138,7 +139,7 @@ class MirrorBackend:
                 await response.aread()
                 raise HubError(response.status_code, response.headers.get(hf.H_ERROR_CODE),
                                response.headers.get(hf.H_ERROR_MESSAGE) or response.text[:200])
-            if response.headers.get(hf.H_MIRROR_CACHE) == "hit":
+            if response.headers.get(hf.H_MIRROR_CACHE) == Outcome.HIT:
                 progress(item.size)
                 return None  # cached: the body is not read, the connection is closed
             if response.headers.get(hf.H_MIRROR_CACHE) == "passthrough":

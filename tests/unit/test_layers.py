@@ -8,6 +8,7 @@ the one wiring, :func:`mirror.parts.build_parts`; a function-local import would 
 from __future__ import annotations
 
 import ast
+import builtins
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,13 +227,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                       "mirror.metrics", "mirror.logs", "mirror.asgi", "mirror.routetable")),
     ("adapters", ("mirror.index", "mirror.storage", "mirror.upstream")),
     ("policy", ("mirror.access", "mirror.admission", "mirror.auth", "mirror.fill", "mirror.service", "mirror.viewer",
-                "mirror.parquet_info", "mirror.xet")),
+                "mirror.xet")),
     ("edges", ("mirror.routes", "mirror.sync", "mirror.cache", "mirror.status")),
     ("the one wiring", ("mirror.parts", "mirror.app", "mirror.front", "mirror.server")),
     ("the CLI", ("mirror.cli", "mirror.__main__")),
 )
 # Beside the house, over HTTP only: they start a server as a process or talk to one, never import its internals.
-SIDE = ("mirror.harness", "mirror.demo", "mirror.sample_hub")
+SIDE = ("mirror.harness", "mirror.demo")
 
 
 def layer_of(name: str) -> int | None:
@@ -264,3 +265,22 @@ def test_the_side_tools_reach_the_server_over_http_only() -> None:
     server_internals = [imp for imp in all_imports() if _within(imp.importer, SIDE) and layer_of(imp.imported) in
                         (1, 2, 3, 4)]
     assert not server_internals, [f"{i.importer}:{i.line} imports {i.imported}" for i in server_internals]
+
+
+# --- one exception tree (errors.py draws it, as httpx's _exceptions.py does) ---------------------------------------
+
+def _exception_names() -> set[str]:
+    tree = ast.parse(modules()["mirror.errors"].read_text())
+    names = {name for name in dir(builtins) if isinstance(getattr(builtins, name), type)
+             and issubclass(getattr(builtins, name), BaseException)}
+    return names | {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def test_every_exception_of_the_server_is_in_errors() -> None:
+    known = _exception_names()
+    offenders = [f"{name}:{node.lineno} {node.name}" for name, path in modules().items()
+                 if name != "mirror.errors" and not _within(name, SIDE)
+                 for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                 if isinstance(node, ast.ClassDef) and any(ast.unparse(b).rpartition(".")[2] in known
+                                                           for b in node.bases)]
+    assert not offenders, f"define these in mirror/errors.py (its tree, drawn in its docstring): {offenders}"

@@ -13,7 +13,7 @@ from mirror import hf
 from mirror.access import Caller
 from mirror.asgi import Receive, Scope, Send
 from mirror.config import Settings
-from mirror.errors import HubError, MethodNotAllowed, MirrorError, RouteNotFound
+from mirror.errors import ErrorCode, HubError, MethodNotAllowed, MirrorError, RouteNotFound
 from mirror.fill import FillManager
 from mirror.metrics import Metrics, Outcome
 from mirror.routes.common import bearer_token, header, mirror_base, parse_range, send_error
@@ -82,7 +82,7 @@ class XetCas:
         # node): only ever among the token's own repo's files.
         file = await self.finder.file(repo, str(claims.get("c", "")), file_hash.lower(), caller)
         if file is None:  # not a file of the token's repo (another repo's hash reads nothing)
-            raise HubError(404, "EntryNotFound", "No such file in the repo this Xet token is for")
+            raise HubError(404, ErrorCode.ENTRY_NOT_FOUND, "No such file in the repo this Xet token is for")
         # The admission policy, by hash as by name (its xorbs are held to it again: open_blob).
         await self.service.admit_bytes(ResolvedFile(repo, FileEntry(file.commit, file.path, file.etag, file.size,
                                                                     lfs=True), Outcome.HIT), caller)
