@@ -14,9 +14,9 @@ import httpx
 from mirror import hf
 from mirror.config import Settings
 from mirror.errors import HubError, MirrorError
+from mirror.hubjson import LS_QUERY, TREE_QUERY, next_link
 from mirror.metrics import Outcome
 from mirror.sync.jobs import RemoteFile, RevisionJob
-from mirror.sync.listings import LINK_NEXT_RE, LS_QUERY, TREE_QUERY
 from mirror.sync.manifest import Manifest
 
 log = logging.getLogger("hf_mirror.sync")
@@ -74,8 +74,7 @@ class MirrorBackend:
             if not isinstance(data, list):
                 raise MirrorError("the list API's answer is not a JSON list")
             rows.extend(r for r in data if isinstance(r, dict))
-            match = LINK_NEXT_RE.search(response.headers.get("link") or "")
-            url, params = (match.group(1), None) if match else (None, None)
+            url, params = next_link(response.headers.get("link")), None
         return rows
 
     def _api_url(self, job: RevisionJob, sub: str, revision: str) -> str:
@@ -103,7 +102,7 @@ class MirrorBackend:
             if not isinstance(data, list):
                 raise MirrorError("the tree listing is not a JSON list")
             entries.extend(e for e in data if isinstance(e, dict))
-            url, params = response.links.get("next", {}).get("url"), None
+            url, params = next_link(response.headers.get("link")), None
         return entries
 
     async def prepare(self, job: RevisionJob, entries: list[dict[str, Any]]) -> None:

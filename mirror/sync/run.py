@@ -13,9 +13,10 @@ import httpx
 
 from mirror.config import format_size
 from mirror.errors import ErrorCode, HubError, MirrorError
+from mirror.hubjson import tree_files
 from mirror.sync.backend import Backend
 from mirror.sync.expand import Selection, expand
-from mirror.sync.jobs import RemoteFile, RevisionJob, error_text, tree_files
+from mirror.sync.jobs import RemoteFile, RevisionJob, error_text
 from mirror.sync.manifest import PARQUET_REF, Manifest
 from mirror.sync.progress import Reporter
 from mirror.sync.selection import select
