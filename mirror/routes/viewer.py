@@ -74,7 +74,7 @@ class ViewerHandler:
             host = host[len(VIEWER_HOST_PREFIX):]
         hub = f"{scope.get('scheme', 'http')}://{host}{scope.get('root_path', '')}"
         viewer = hub.replace("://", "://" + VIEWER_HOST_PREFIX, 1)
-        return ((self.service.upstream.base, viewer), (self.service.upstream.upstream.base, hub))
+        return self.service.pointed_at(hub=hub, viewer=viewer)
 
 
 async def _not_found() -> ViewerResult:

@@ -228,6 +228,28 @@ class FileService(ServiceCore):
         # A fill already verified (its commit's fsync still running) needs nothing more from upstream: a hit.
         return Filling(fill, _STALE if stale else _HIT if fill.verified else _MISS)
 
+    async def admit_lfs_file(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int,
+                             caller: Caller) -> None:
+        """:meth:`admit_bytes` for an LFS file known by its hash (the Xet CAS: the file a token's repo names)."""
+        await self.admit_bytes(self._lfs_file(repo, commit, path, etag, size), caller)
+
+    async def open_xorb(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int, caller: Caller,
+                        start: int, end: int) -> BlobSource:
+        """Where the bytes ``start..end`` of an LFS file framed into a Xet xorb come from (the CAS's signed range
+        names the file): as :meth:`open_blob` decides, detached from the request; but a relay that would carry the
+        file's last byte reads the fill in progress instead, when there is one (only a verified fill ends a file)."""
+        source = await self.open_blob(self._lfs_file(repo, commit, path, etag, size), caller, start, end,
+                                      detached=True)
+        if type(source) is Relay and end + 1 == size:
+            fill = self.fills.get(etag)
+            if fill is not None:
+                return Filling(fill, source.outcome)
+        return source
+
+    @staticmethod
+    def _lfs_file(repo: hf.RepoRef, commit: str, path: str, etag: str, size: int) -> ResolvedFile:
+        return ResolvedFile(repo, FileEntry(commit, path, etag, size, lfs=True), _HIT)
+
     async def _intact(self, path: str, entry: FileEntry) -> bool:
         """The cheap check on every hit: a stored blob of the wrong size is never served; it is removed and
         fetched again. (A same-size corruption is the scrub's: see CacheManager.suspect.)"""

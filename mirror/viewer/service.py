@@ -127,6 +127,11 @@ class ViewerService:
         # Offline /info from cached parquet files: (repo, config) -> (the answer's JSON, its commit), or None.
         self.offline_info = offline_info
 
+    def pointed_at(self, *, hub: str, viewer: str) -> tuple[tuple[str, str], ...]:
+        """The replacements (:func:`rewrite_urls`) that point upstream's URLs in an answer at ``hub`` and ``viewer``
+        (the mirror's bases as a client reached it): the viewer's base first, then the Hub's."""
+        return (self.upstream.base, viewer), (self.upstream.upstream.base, hub)
+
     # --- the viewer host -------------------------------------------------------------------------------------------
 
     async def answer(self, endpoint: str, repo: hf.RepoRef, query: list[tuple[str, str]],

@@ -195,6 +195,57 @@ def test_routes_never_touch_upstream_store_or_index() -> None:
     assert not offenders, f"routes go through mirror.service (or read a fill of mirror.fill): {offenders}"
 
 
+# The services a route asks (mirror.service's MirrorService, mirror.viewer's ViewerService): a route calls their methods
+# and reads their answers; it never reaches a part they hold (``self.service.index.get_ref``,
+# ``service.upstream.base``).
+SERVICES = ("mirror.service", "mirror.viewer.service")
+
+
+def service_methods() -> set[str]:
+    """Every method (and property) of the classes of the service modules."""
+    names: set[str] = set()
+    for name, path in modules().items():
+        if _within(name, SERVICES):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ClassDef):
+                    names |= {item.name for item in node.body if isinstance(item, (ast.FunctionDef,
+                                                                                     ast.AsyncFunctionDef))}
+    return names
+
+
+def service_chains(source: str, methods: set[str]) -> list[str]:
+    """``service.<part>.<attr>`` and ``self.service.<part>.<attr>`` in ``source`` where ``<part>`` is no method."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)):
+            continue
+        holder = node.value.value
+        is_service = (isinstance(holder, ast.Name) and holder.id == "service") or (
+            isinstance(holder, ast.Attribute) and holder.attr == "service" and isinstance(holder.value, ast.Name)
+            and holder.value.id == "self")
+        if is_service and node.value.attr not in methods:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_routes_reach_no_part_through_the_service() -> None:
+    """A route asks the service (a method) and sends its answer; the service's parts (index, upstream, store, fills)
+    stay private to it: an attribute chain through the service is knowledge leaking past the import graph."""
+    methods = service_methods()
+    assert {"resolve_file", "open_blob", "open_xorb", "commit_of", "pointed_at"} <= methods
+    offenders = {name: chains for name, path in modules().items() if _within(name, ROUTES)
+                 if (chains := service_chains(path.read_text(), methods))}
+    assert not offenders, f"give the service a method for what these routes reach through it: {offenders}"
+
+
+def test_the_service_chain_rule_finds_one() -> None:
+    methods = {"commit_of"}
+    assert service_chains("x = self.service.index.get_ref(repo, rev)", methods) == [
+        "1: self.service.index.get_ref"]
+    assert service_chains("y = service.upstream.upstream.base", methods) == ["1: service.upstream.upstream"]
+    assert service_chains("z = self.service.commit_of(repo, rev).upper()", methods) == []
+
+
 def test_policy_imports_no_web_framework_or_http_client() -> None:
     """The service, the fill engine and the access policy return values; upstream bytes reach them as the values
     of mirror.upstream, never as a transport's response objects."""
