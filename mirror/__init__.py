@@ -3,17 +3,18 @@
 The house, in layers; a module imports only from its own layer or the ones above it in this list
 (tests/unit/test_layers.py reads the import graph and holds every module to it):
 
-    values and the wire contract  config, errors, hf, routetable, integrity, metrics, logs, asgi   (no I/O)
+    values and the wire contract  config, errors, hf, hubjson, routetable, integrity, metrics, logs, asgi   (no I/O)
     adapters                      index (the one key schema), storage/ (local, s3/), metadata/ (embedded, postgres),
                                   upstream/ (the Hub client)
-    policy                        access, admission/, auth, fill/, service/, viewer, parquet_info, xet/
+    policy                        access, admission/, auth, fill/, service/, viewer/, xet/
                                   (no web framework, no HTTP)
     edges                         routes/, sync/, cache/, status/, audit/   (turn policy into bytes, runs, reports)
     the one wiring                parts (build_parts: every part from Settings), app (ASGI), front (a path prefix),
                                   server (uvicorn)
     the CLI                       cli/             (builds Settings, then the parts, and passes them down)
 
-Beside the house, over HTTP only: harness/, demo, sample_hub. docs/architecture.md follows one cache miss through it.
+Beside the house, over HTTP only: harness/, demo/ (the demo and the sample Hub). docs/architecture.md follows one
+cache miss through it.
 """
 
 __version__ = "0.1.0"

@@ -193,9 +193,9 @@ def offline_refusal(caller: Caller, *, unknown: bool = False) -> AccessDenied:
     repo's visibility was never learned, and the message names the operator's way out."""
     if caller.token is None:
         if unknown:
-            return AccessDenied(f"The mirror is offline and {_WAY_OUT}", status=401, code="RepoNotFound")
-        return AccessDenied("This repo is not public and the mirror is offline: send a token whose access the mirror "
-                            "has confirmed", status=401, code="RepoNotFound")
+            return AccessDenied.unauthenticated(f"The mirror is offline and {_WAY_OUT}")
+        return AccessDenied.unauthenticated("This repo is not public and the mirror is offline: send a token whose "
+                                            "access the mirror has confirmed")
     if unknown:
         return AccessDenied(f"The mirror is offline and cannot confirm this token's access to this repo; {_WAY_OUT}",
                             status=403)

@@ -27,7 +27,6 @@ from mirror.errors import HeadersTooLarge, MethodNotAllowed, MirrorError, RouteN
 from mirror.fill import PEER_ROUTE
 from mirror.logs import AccessLog, request_id_from
 from mirror.metrics import Metrics
-from mirror.parquet_info import OfflineInfo
 from mirror.parts import build_parts
 from mirror.routes import ops
 from mirror.routes.api import ApiHandler
@@ -42,7 +41,8 @@ from mirror.status import StatusBoard, StatusHistory
 from mirror.sync.record import read_runs
 from mirror.sync.warm import WarmJobs
 from mirror.upstream.viewer import ViewerUpstream
-from mirror.viewer import ViewerService
+from mirror.viewer.parquet_info import OfflineInfo
+from mirror.viewer.service import ViewerService
 from mirror.xet import CAS_PREFIX, XetCatalog, XetSigner
 from mirror.xet.tokens import load_secret
 

@@ -1,5 +1,5 @@
 """ASGI's types, and plumbing for small apps that read the whole request and answer with a whole body: the demo's
-sample Hub (``mirror.sample_hub``) and the test suite's Hub emulator. The mirror's own routes stream and use the
+sample Hub (``mirror.demo.sample_hub``) and the test suite's Hub emulator. The mirror's own routes stream and use the
 types only."""
 
 from __future__ import annotations

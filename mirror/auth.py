@@ -75,7 +75,7 @@ class Principal:
 
 
 def _unauthenticated(message: str) -> AccessDenied:
-    return AccessDenied(message, status=401, code="RepoNotFound")
+    return AccessDenied.unauthenticated(message)
 
 
 class MirrorAuth:

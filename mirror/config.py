@@ -36,16 +36,12 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from mirror.errors import redact_url
+from mirror.errors import ConfigError, redact_url
 
 ENV_PREFIX = "HF_MIRROR_"
 _BYTE_SIZE = TypeAdapter(ByteSize)
 # Shown as *** in logs, errors and the status page.
 _SECRETS = ("upstream_token", "jwt_secret", "xet_signing_secret", "admin_token")
-
-
-class ConfigError(ValueError):
-    """A setting has a value that cannot be used; the message says which and why."""
 
 
 def parse_size(value: str | int | None) -> int | None:

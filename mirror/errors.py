@@ -1,7 +1,9 @@
-"""The exception tree of the mirror. Each error knows the Hub-shaped response it becomes.
+"""The exception tree of the mirror, drawn once. Each error knows the Hub-shaped response it becomes.
 
     MirrorError                      500  (base; never raised bare)
     ├── BadRequest                   400  invalid repo id, revision, path, body
+    ├── RequestTimeout               408  a client too slow to send its request head (the server's own answer)
+    ├── RepoPinned                   409  an operator asked to evict a pinned repo (unpin it first)
     ├── MethodNotAllowed             405  every write: the mirror is read-only (carries ``Allow``)
     ├── RouteNotFound                404  not a read route the mirror serves (never relayed)
     ├── UnsupportedMediaType         415  the mirror's own actions take JSON only
@@ -14,11 +16,23 @@
     ├── HubError                     any status: an error the Hub itself answered (code/message passed through)
     │   ├── RepoNotFound             404
     │   ├── RevisionNotFound         404
-    │   └── EntryNotFound            404 (carries the commit, so clients cache the miss)
+    │   ├── EntryNotFound            404 (carries the commit, so clients cache the miss)
+    │   └── ViewerNotFound           404  the dataset viewer has no answer (``ResponseNotFound``)
     ├── UpstreamUnavailable          502  upstream unreachable / 5xx and nothing cached
     │   └── UpstreamTimeout          504
     ├── OfflineMiss                  504  --offline and not cached
-    └── IntegrityError               502  a fill's size or hash did not match (never served)
+    ├── IntegrityError               502  a fill's size or hash did not match (never served)
+    ├── StorageUnavailable           503  the bucket could not be reached or refused a request
+    ├── MetadataUnavailable          503  the fleet's database could not be reached or refused a request
+    ├── LeaseLost                    503  this node no longer holds the fill lease it worked under: stop, commit nothing
+    ├── UrlExpired                   (a fill's signal, never answered) a signed CDN URL was refused: resolve again
+    └── RangeIgnored                 (a fill's signal, never answered) upstream sent the whole file for a Range
+
+    ConfigError (ValueError)         a setting that cannot be used: the CLI exits 2, the server does not start
+    └── ManifestError                the sync manifest cannot be used
+
+    NotCached (LookupError)          a revision, or a file of it, the cache does not know (``hf-mirror sbom``)
+    AlreadyCommitted (Exception)     inside a commit's fence: another node committed the blob first (never answered)
 
 Routes map them to responses in one place (``mirror.hf.error_response``).
 """
@@ -26,6 +40,17 @@ Routes map them to responses in one place (``mirror.hf.error_response``).
 from __future__ import annotations
 
 import re
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """The Hub's ``X-Error-Code`` values the mirror reads and writes itself (clients branch on them); every other
+    code is its class's ``code``, or upstream's, relayed as it came."""
+
+    REPO_NOT_FOUND = "RepoNotFound"
+    REVISION_NOT_FOUND = "RevisionNotFound"
+    ENTRY_NOT_FOUND = "EntryNotFound"
+    GATED_REPO = "GatedRepo"
 
 
 class MirrorError(Exception):
@@ -41,6 +66,18 @@ class MirrorError(Exception):
 class BadRequest(MirrorError):
     status = 400
     code = "BadRequest"
+
+
+class RequestTimeout(MirrorError):
+    status = 408
+    code = "RequestTimeout"
+
+
+class RepoPinned(MirrorError):
+    """An operator asked to evict a pinned repo (``409``: unpin it first)."""
+
+    status = 409
+    code = "RepoPinned"
 
 
 class MethodNotAllowed(MirrorError):
@@ -95,12 +132,18 @@ class RetryLater(MirrorError):
 
 
 class AccessDenied(MirrorError):
-    code = "GatedRepo"
+    code = ErrorCode.GATED_REPO
 
-    def __init__(self, message: str, *, status: int = 403, code: str = "GatedRepo") -> None:
+    def __init__(self, message: str, *, status: int = 403, code: str = ErrorCode.GATED_REPO) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+
+    @classmethod
+    def unauthenticated(cls, message: str) -> AccessDenied:
+        """The Hub's answer to a caller without a token it accepts: 401 ``RepoNotFound`` (a client then asks for
+        one, or reports a missing repo)."""
+        return cls(message, status=401, code=ErrorCode.REPO_NOT_FOUND)
 
 
 class PolicyBlocked(MirrorError):
@@ -130,18 +173,23 @@ class HubError(MirrorError):
 
 class RepoNotFound(HubError):
     def __init__(self, message: str = "Repository not found", status: int = 404) -> None:
-        super().__init__(status, "RepoNotFound", message)
+        super().__init__(status, ErrorCode.REPO_NOT_FOUND, message)
 
 
 class RevisionNotFound(HubError):
     def __init__(self, message: str = "Invalid rev id") -> None:
-        super().__init__(404, "RevisionNotFound", message)
+        super().__init__(404, ErrorCode.REVISION_NOT_FOUND, message)
 
 
 class EntryNotFound(HubError):
     def __init__(self, commit: str | None, message: str = "Entry not found") -> None:
-        super().__init__(404, "EntryNotFound", message, headers={"X-Repo-Commit": commit} if commit else None)
+        super().__init__(404, ErrorCode.ENTRY_NOT_FOUND, message, headers={"X-Repo-Commit": commit} if commit else None)
         self.commit = commit
+
+
+class ViewerNotFound(HubError):
+    def __init__(self, message: str) -> None:
+        super().__init__(404, "ResponseNotFound", message)
 
 
 class UpstreamUnavailable(MirrorError):
@@ -162,6 +210,52 @@ class OfflineMiss(MirrorError):
 class IntegrityError(MirrorError):
     status = 502
     code = "IntegrityError"
+
+
+class StorageUnavailable(MirrorError):
+    """The bucket could not be reached or refused a request. Hot-tier hits are still served without it."""
+
+    status = 503
+    code = "StorageUnavailable"
+
+
+class MetadataUnavailable(MirrorError):
+    """The fleet's database could not be reached or refused a request."""
+
+    status = 503
+    code = "MetadataUnavailable"
+
+
+class LeaseLost(MirrorError):
+    """This process no longer holds the fill lease it worked under (another node took it over, or it could not be
+    renewed): it must stop fetching, and its commit is refused."""
+
+    status = 503
+    code = "LeaseLost"
+
+
+class AlreadyCommitted(Exception):
+    """Another node committed the blob first (found inside the commit's fence)."""
+
+
+class NotCached(LookupError):
+    """The revision, or any file of it, is not known to the mirror."""
+
+
+class UrlExpired(MirrorError):
+    """A signed CDN URL was refused (403/410): resolve the file again for a fresh one."""
+
+
+class RangeIgnored(MirrorError):
+    """Upstream answered a bounded Range with the whole file: a parallel fill falls back to one stream."""
+
+
+class ConfigError(ValueError):
+    """A setting has a value that cannot be used; the message says which and why."""
+
+
+class ManifestError(ConfigError):
+    """The manifest cannot be used; the message says where and why."""
 
 
 # Credentials an upstream answer may echo (a debugging proxy, a misconfigured gateway): never relayed to a client.

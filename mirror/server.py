@@ -28,7 +28,7 @@ from uvicorn.server import ServerState
 
 from mirror.app import MirrorApp, create_app
 from mirror.config import Settings
-from mirror.errors import BadRequest, HeadersTooLarge, MirrorError
+from mirror.errors import BadRequest, HeadersTooLarge, MirrorError, RequestTimeout
 from mirror.front import Front, wanted
 from mirror.logs import setup_logging
 from mirror.metrics import MULTIPROC_ENV
@@ -47,11 +47,6 @@ _SLICE = 64 * 1024  # most bytes fed to the parser at once
 CLOSE_GRACE = 2.0
 
 log = logging.getLogger("hf_mirror")
-
-
-class _RequestTimeout(MirrorError):
-    status = 408
-    code = "RequestTimeout"
 
 
 class HttpProtocol(HttpToolsProtocol):
@@ -195,7 +190,7 @@ class HttpProtocol(HttpToolsProtocol):
         if self.transport is None or self.transport.is_closing() or not self._idle():
             return
         if self._unparsed and not self._head_complete:  # a head was begun: say why it is cut
-            self._send_error(_RequestTimeout(f"request line and headers not received within {self.header_timeout:g}s"))
+            self._send_error(RequestTimeout(f"request line and headers not received within {self.header_timeout:g}s"))
         else:
             self._close()
 

@@ -31,6 +31,7 @@ from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 
 from mirror import __version__, hf
+from mirror.errors import NotCached
 from mirror.index import ApiEntry, FileEntry, MetadataIndex
 from mirror.storage.base import BlobStore
 
@@ -39,10 +40,6 @@ _FRONT_MATTER = re.compile(rb"\A---\s*\n(.*?)\n---\s*(\n|\Z)", re.S)
 _LICENSE_LINE = re.compile(r"^license:\s*(.+?)\s*$", re.M)
 _PROP = "huggingface:"  # the Hub's facts
 _OURS = "hf-mirror:"  # the mirror's
-
-
-class NotCached(LookupError):
-    """The revision, or any file of it, is not known to the mirror."""
 
 
 @dataclass

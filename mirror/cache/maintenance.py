@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mirror.errors import IntegrityError, MirrorError
+from mirror.errors import IntegrityError, RepoPinned
 from mirror.hf import RepoRef, RepoType
 from mirror.integrity import hash_file
 from mirror.storage.base import BlobInfo
@@ -28,13 +28,6 @@ class VerifyReport:
     checked_bytes: int
     corrupt: tuple[BlobInfo, ...]
     removed: bool
-
-
-class RepoPinned(MirrorError):
-    """An operator asked to evict a pinned repo (``409``: unpin it first)."""
-
-    status = 409
-    code = "RepoPinned"
 
 
 def repo_from_spec(spec: str, default_type: str = "model") -> RepoRef:

@@ -6,10 +6,11 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from mirror import __version__, demo
+from mirror import __version__
 from mirror.cli import audit, cache, policy, sbom, serve, sync
 from mirror.cli.settings import add_settings_arguments, settings_flags, with_settings
 from mirror.config import ConfigError
+from mirror.demo import command as demo
 from mirror.harness import command as bench
 
 

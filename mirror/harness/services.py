@@ -63,7 +63,8 @@ class Service:
 def sample_hub(root: Path, *, size: str | None, seed: int, data_dir: Path | None, rows: int = 4000,
                write_local: Path | None = None) -> Service:
     port = free_port()
-    cmd = [sys.executable, "-m", "mirror.sample_hub", "--host", "127.0.0.1", "--port", str(port), "--rows", str(rows)]
+    cmd = [sys.executable, "-m", "mirror.demo.sample_hub", "--host", "127.0.0.1", "--port", str(port),
+           "--rows", str(rows)]
     if size:
         cmd += ["--size", size, "--seed", str(seed)] + (["--data-dir", str(data_dir)] if data_dir else [])
     if write_local:

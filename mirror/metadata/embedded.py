@@ -15,11 +15,12 @@ from pathlib import Path
 
 import diskcache
 
+from mirror.errors import LeaseLost
 from mirror.hf import RepoRef
 from mirror.index import FileEntry, MetadataIndex
 from mirror.metadata.announce import Announcements, Subscription
 from mirror.metadata.base import HeldLease, LeaseRecord, RefRecord
-from mirror.storage.base import LeaseLost, PeerAddress
+from mirror.storage.base import PeerAddress
 
 
 class EmbeddedMetadata:

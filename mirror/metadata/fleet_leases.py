@@ -22,9 +22,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from mirror.errors import LeaseLost
 from mirror.metadata.announce import Subscription
 from mirror.metadata.base import HeldLease, MetadataStore
-from mirror.storage.base import Lease, LeaseLost, PeerAddress
+from mirror.storage.base import Lease, PeerAddress
 
 log = logging.getLogger("hf_mirror.fill")
 

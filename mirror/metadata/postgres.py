@@ -29,12 +29,12 @@ from typing import Any, ParamSpec, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from mirror.errors import MirrorError, redact_url
+from mirror.errors import LeaseLost, MetadataUnavailable, redact_url
 from mirror.hf import RepoRef
 from mirror.index import FileEntry
 from mirror.metadata.announce import Announcements, Subscription
 from mirror.metadata.base import HeldLease, LeaseRecord, RefRecord
-from mirror.storage.base import LeaseLost, PeerAddress
+from mirror.storage.base import PeerAddress
 
 log = logging.getLogger("hf_mirror.metadata")
 
@@ -90,13 +90,6 @@ MIGRATIONS: tuple[str, ...] = (
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-
-
-class MetadataUnavailable(MirrorError):
-    """The fleet's database could not be reached or refused a request."""
-
-    status = 503
-    code = "MetadataUnavailable"
 
 
 def database_errors(func: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]:

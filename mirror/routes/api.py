@@ -13,7 +13,7 @@ from mirror.access import Caller
 from mirror.asgi import Receive, Scope, Send
 from mirror.errors import BadRequest, MirrorError
 from mirror.metrics import Metrics, Outcome
-from mirror.routes.common import header, mirror_base, query_pairs, read_body, send_error
+from mirror.routes.common import header, mirror_base, outcome_headers, query_pairs, read_body, send_error
 from mirror.routetable import Caching, ReadRoute
 from mirror.service import MirrorService
 from mirror.service.answers import ApiResult
@@ -62,10 +62,8 @@ class ApiHandler:
             await send_error(send, exc, head=method == "HEAD")
             return Outcome.ERROR
         self.metrics.requests.labels(route="api", outcome=result.outcome).inc()
-        headers = [(b"content-length", str(len(result.body)).encode()), (b"x-mirror-cache", result.outcome.encode())]
+        headers = [(b"content-length", str(len(result.body)).encode()), *outcome_headers(result.outcome)]
         headers += _relayed_headers(result.headers, scope)
-        if result.outcome == Outcome.STALE:
-            headers.append((b"warning", b'110 - "Response is stale"'))
         await send({"type": "http.response.start", "status": result.status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if method == "HEAD" else result.body})
         return result.outcome
@@ -77,7 +75,7 @@ class ApiHandler:
         started = False
         try:
             async with self.service.relay(raw_path, query, caller) as body:
-                headers = [(b"x-mirror-cache", Outcome.PASSTHROUGH.encode())]
+                headers = outcome_headers(Outcome.PASSTHROUGH)
                 headers += _relayed_headers(tuple(body.headers.items()), scope)
                 await send({"type": "http.response.start", "status": body.status_code, "headers": headers})
                 started = True

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 from mirror import hf
 from mirror.asgi import Receive, Scope, Send
 from mirror.errors import AccessDenied, BadRequest, MirrorError, RangeNotSatisfiable, UnsupportedMediaType
+from mirror.metrics import Outcome
 
 
 def header(scope: Scope, name: bytes) -> str | None:
@@ -115,6 +116,19 @@ def query_pairs(scope: Scope) -> list[tuple[str, str]]:
 
     raw = scope.get("query_string", b"").decode("latin-1")
     return parse_qsl(raw, keep_blank_values=True)
+
+
+_CACHE_HEADER = hf.H_MIRROR_CACHE.lower().encode()
+# A stale answer says so as HTTP caches do (RFC 7234's warn-code 110), besides ``X-Mirror-Cache: stale``.
+_STALE_WARNING = (b"warning", b'110 - "Response is stale"')
+
+
+def outcome_headers(outcome: Outcome) -> list[tuple[bytes, bytes]]:
+    """The mirror's outcome on the wire, the one way every route writes it: ``X-Mirror-Cache``, and the stale
+    ``Warning`` on a stale answer."""
+    if outcome is Outcome.STALE:
+        return [(_CACHE_HEADER, outcome.encode()), _STALE_WARNING]
+    return [(_CACHE_HEADER, outcome.encode())]
 
 
 # What browser clients (transformers.js, huggingface.js) read on the Hub's answers: sent on every answer, as the Hub

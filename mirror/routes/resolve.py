@@ -21,15 +21,13 @@ from mirror.asgi import Receive, Scope, Send
 from mirror.errors import MirrorError
 from mirror.fill import FillManager
 from mirror.metrics import Metrics, Outcome
-from mirror.routes.common import header, parse_range, send_error
+from mirror.routes.common import header, outcome_headers, parse_range, send_error
 from mirror.routes.sendfile import send_file_range, send_fill_range, watch_disconnect
 from mirror.service import MirrorService
 from mirror.service.answers import Cached, FileEntry, Filling, Relay, ResolvedFile
 
 log = logging.getLogger("hf_mirror.resolve")
 
-_STALE = Outcome.STALE
-_CACHE_HEADER = hf.H_MIRROR_CACHE.lower().encode()
 
 
 @functools.lru_cache(maxsize=8192)  # entries are immutable values: precompute the headers of hot files
@@ -42,12 +40,10 @@ def _entry_headers(entry: FileEntry, outcome: Outcome) -> tuple[tuple[bytes, byt
         (b"content-type", b"application/octet-stream"),
         (b"content-disposition",
          f"inline; filename*=UTF-8''{quote(name)}; filename=\"{quote(name, safe=' ')}\"".encode("latin-1")),
-        (_CACHE_HEADER, outcome.encode()),
+        *outcome_headers(outcome),
     ]
     if entry.lfs:
         headers += [(b"x-linked-etag", f'"{entry.etag}"'.encode()), (b"x-linked-size", str(entry.size).encode())]
-    if outcome is _STALE:
-        headers.append((b"warning", b'110 - "Response is stale"'))
     return tuple(headers)
 
 

@@ -1,5 +1,5 @@
 """The dataset viewer's host (``datasets-server.<the mirror's host>``) and the Hub's ``/api/datasets/{repo}/parquet``
-routes: the edge. The policy is :mod:`mirror.viewer`.
+routes: the edge. The policy is :mod:`mirror.viewer.service`.
 
 Any request whose ``Host`` starts with ``datasets-server.`` is the viewer's: ``/info``, ``/splits``, ``/parquet``,
 ``/size`` and ``/is-valid`` with ``?dataset=`` are answered, anything else on that host is a 404, never relayed.
@@ -10,10 +10,10 @@ from __future__ import annotations
 from mirror import hf
 from mirror.access import Caller
 from mirror.asgi import Scope, Send
-from mirror.errors import HubError, MirrorError
+from mirror.errors import HubError, MirrorError, ViewerNotFound
 from mirror.metrics import Metrics, Outcome
-from mirror.routes.common import header, send_error
-from mirror.viewer import VIEWER_ENDPOINTS, ViewerNotFound, ViewerResult, ViewerService, rewrite_urls
+from mirror.routes.common import header, outcome_headers, send_error
+from mirror.viewer.service import VIEWER_ENDPOINTS, ViewerResult, ViewerService, rewrite_urls
 
 VIEWER_HOST_PREFIX = "datasets-server."
 
@@ -58,13 +58,10 @@ class ViewerHandler:
             return Outcome.ERROR
         self.metrics.requests.labels(route="viewer", outcome=result.outcome).inc()
         body = rewrite_urls(result.body, self._replacements(scope))
-        headers = [(b"content-length", str(len(body)).encode()),
-                   (hf.H_MIRROR_CACHE.lower().encode(), result.outcome.encode())]
+        headers = [(b"content-length", str(len(body)).encode()), *outcome_headers(result.outcome)]
         root = scope.get("root_path", "")  # a local Location goes under the mirror's path prefix (mirror.front)
         headers += [(k.encode(), _local(root, k, v).encode("latin-1", "replace"))
                     for k, v in result.headers]
-        if result.outcome == Outcome.STALE:
-            headers.append((b"warning", b'110 - "Response is stale"'))
         await send({"type": "http.response.start", "status": result.status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if head else body})
         return result.outcome
@@ -77,7 +74,7 @@ class ViewerHandler:
             host = host[len(VIEWER_HOST_PREFIX):]
         hub = f"{scope.get('scheme', 'http')}://{host}{scope.get('root_path', '')}"
         viewer = hub.replace("://", "://" + VIEWER_HOST_PREFIX, 1)
-        return ((self.service.upstream.base, viewer), (self.service.upstream.upstream.base, hub))
+        return self.service.pointed_at(hub=hub, viewer=viewer)
 
 
 async def _not_found() -> ViewerResult:

@@ -16,7 +16,7 @@ from typing import Any
 from mirror import hf
 from mirror.access import Caller, token_digest
 from mirror.asgi import Receive, Scope, Send
-from mirror.errors import BadRequest, HubError, MirrorError, RepoNotFound, RouteNotFound
+from mirror.errors import BadRequest, ErrorCode, HubError, MirrorError, RepoNotFound, RouteNotFound
 from mirror.routes.common import bearer_token, query_pairs, read_body, refuse_cross_site, send_error
 from mirror.sync.warm import WarmJobs, WarmRequest
 
@@ -45,7 +45,7 @@ class WarmHandler:
                         await self.confirm(request.repo, request.revision, caller)
                     job = await self.jobs.submit(request, caller, who=_who(scope), operator=operator)
                 except HubError as exc:
-                    if exc.code != "RepoNotFound":
+                    if exc.code != ErrorCode.REPO_NOT_FOUND:
                         raise
                     # The Hub's 401 "Repository not found" reads as a credentials problem: name the repo instead.
                     whose = ("to your token" if caller.own_token else "to the mirror's token" if caller.token

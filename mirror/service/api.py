@@ -12,7 +12,7 @@ from urllib.parse import quote, urlencode
 
 from mirror import hf
 from mirror.access import Caller
-from mirror.errors import EntryNotFound, HubError, MirrorError, OfflineMiss, UpstreamUnavailable
+from mirror.errors import EntryNotFound, ErrorCode, HubError, MirrorError, OfflineMiss, UpstreamUnavailable
 from mirror.index import ApiEntry, api_query_key, api_route_key
 from mirror.metrics import Outcome
 from mirror.service.answers import ApiResult
@@ -20,6 +20,7 @@ from mirror.service.core import ServiceCore
 from mirror.upstream import RelayBody
 
 log = logging.getLogger("hf_mirror.service")
+_ERROR_CODE = hf.H_ERROR_CODE.lower()
 
 _HIT, _MISS, _STALE = Outcome.HIT, Outcome.MISS, Outcome.STALE
 
@@ -35,7 +36,8 @@ class ApiService(ServiceCore):
         route = target.sub or "info"
         revision = target.revision
         if route not in hf.API_CACHED_ROUTES:
-            raise HubError(404, "EntryNotFound", "Xet is not served by this mirror; clients download over HTTP")
+            raise HubError(404, ErrorCode.ENTRY_NOT_FOUND,
+                           "Xet is not served by this mirror; clients download over HTTP")
         query = [(k, v) for k, v in query if k in hf.API_QUERY_PARAMS.get(route, ())]
         key_query = api_query_key(query, form)
         key_route = api_route_key(route, target.path)
@@ -71,8 +73,8 @@ class ApiService(ServiceCore):
                 # keep their fast 404 while upstream is down.
                 headers = tuple((k, v) for k, v in response.headers.items()
                                 if k.lower() in hf.API_RELAYED_HEADERS and k.lower() != "x-error-message")
-                if not any(k.lower() == "x-error-code" for k, _ in headers):
-                    headers += (("x-error-code", "EntryNotFound"),)
+                if not any(k.lower() == _ERROR_CODE for k, _ in headers):
+                    headers += ((_ERROR_CODE, ErrorCode.ENTRY_NOT_FOUND.value),)
                 body = json.dumps({"error": error.message}).encode()
                 entry = ApiEntry(404, headers + (("x-error-message", error.message),), body, time.time(),
                                  immutable=True)

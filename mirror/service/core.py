@@ -45,14 +45,14 @@ class ServiceCore:
 
     # --- revisions -------------------------------------------------------------------------------------------------
 
-    def _known_commit(self, repo: hf.RepoRef, revision: str, *, fresh: bool) -> str | None:
+    def commit_of(self, repo: hf.RepoRef, revision: str, *, fresh: bool = True) -> str | None:
+        """The commit this node knows ``revision`` at: a commit names itself; a branch or tag, the commit upstream
+        last named for it (``fresh``: only when that was within ``revision_ttl``). Never asks upstream."""
         if hf.is_commit(revision):
             return revision
         if fresh:
             entry = self.index.get_ref_fresh(repo, revision, self.settings.revision_ttl)
         else:
-            entry = self.index.get_ref(repo, revision)
-        if entry is None and fresh and self.settings.offline:
             entry = self.index.get_ref(repo, revision)
         return entry.commit if entry else None
 
@@ -64,6 +64,12 @@ class ServiceCore:
 
     async def _fleet_file(self, repo: hf.RepoRef, commit: str, path: str) -> FileEntry | None:
         return await self.shared.file(repo, commit, path) if self.shared is not None else None
+
+    def _known_commit(self, repo: hf.RepoRef, revision: str, *, fresh: bool) -> str | None:
+        commit = self.commit_of(repo, revision, fresh=fresh)
+        if commit is None and fresh and self.settings.offline:  # offline, the ref as last known
+            commit = self.commit_of(repo, revision, fresh=False)
+        return commit
 
     def _remember_ref(self, repo: hf.RepoRef, revision: str, commit: str) -> None:
         if revision != commit and hf.is_commit(commit):

@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 
 from mirror import hf
 from mirror.access import Caller, token_digest
-from mirror.errors import EntryNotFound, HubError, MirrorError, OfflineMiss, UpstreamUnavailable
+from mirror.errors import EntryNotFound, ErrorCode, HubError, MirrorError, OfflineMiss, UpstreamUnavailable
 from mirror.fill import FillSpec
 from mirror.index import FileEntry, blob_key
 from mirror.metrics import Outcome
@@ -136,7 +136,7 @@ class FileService(ServiceCore):
             try:
                 await self.upstream.head_file(repo, at, path, token, caller.check)
             except HubError as exc:
-                if exc.code not in ("EntryNotFound", "RevisionNotFound"):
+                if exc.code not in (ErrorCode.ENTRY_NOT_FOUND, ErrorCode.REVISION_NOT_FOUND):
                     raise
 
         await self.access.check(repo, "content", caller, probe)
@@ -231,6 +231,32 @@ class FileService(ServiceCore):
                 return Relay(resolved, caller.token, start, end, _STALE if stale else _MISS)
         # A fill already verified (its commit's fsync still running) needs nothing more from upstream: a hit.
         return Filling(fill, _STALE if stale else _HIT if fill.verified else _MISS)
+
+    async def admit_lfs_file(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int,
+                             caller: Caller) -> None:
+        """:meth:`admit_bytes` for an LFS file known by its hash (the Xet CAS: the file a token's repo names)."""
+        await self.admit_bytes(self._lfs_file(repo, commit, path, etag, size), caller)
+
+    async def lfs_outcome(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int) -> Outcome:
+        """:meth:`head_outcome` of an LFS file known by its hash (the Xet CAS's audit note: cached or not)."""
+        return await self.head_outcome(self._lfs_file(repo, commit, path, etag, size))
+
+    async def open_xorb(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int, caller: Caller,
+                        start: int, end: int) -> BlobSource:
+        """Where the bytes ``start..end`` of an LFS file framed into a Xet xorb come from (the CAS's signed range
+        names the file): as :meth:`open_blob` decides, detached from the request; but a relay that would carry the
+        file's last byte reads the fill in progress instead, when there is one (only a verified fill ends a file)."""
+        source = await self.open_blob(self._lfs_file(repo, commit, path, etag, size), caller, start, end,
+                                      detached=True)
+        if type(source) is Relay and end + 1 == size:
+            fill = self.fills.get(etag)
+            if fill is not None:
+                return Filling(fill, source.outcome)
+        return source
+
+    @staticmethod
+    def _lfs_file(repo: hf.RepoRef, commit: str, path: str, etag: str, size: int) -> ResolvedFile:
+        return ResolvedFile(repo, FileEntry(commit, path, etag, size, lfs=True), _HIT)
 
     async def _intact(self, path: str, entry: FileEntry) -> bool:
         """The cheap check on every hit: a stored blob of the wrong size is never served; it is removed and

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import json
-from urllib.parse import parse_qsl, urlsplit
 
 from mirror import hf
-from mirror.index import FileEntry, MetadataIndex, api_query_key, api_route_key, blob_key
+from mirror.hubjson import TREE_QUERY, next_page_query, tree_files
+from mirror.index import FileEntry, MetadataIndex, api_query_key, api_route_key
 
 
 def entry_from_listing(index: MetadataIndex, repo: hf.RepoRef, commit: str, path: str) -> FileEntry | None:
@@ -16,7 +16,7 @@ def entry_from_listing(index: MetadataIndex, repo: hf.RepoRef, commit: str, path
     gives size, oid and LFS sha256; the commit is known. Served through the same access check as any cached
     entry (:meth:`mirror.service.files.FileService._check_content_access`): a gated or private repo's listing helps
     only a confirmed caller."""
-    query: list[tuple[str, str]] | None = [("recursive", "true"), ("expand", "false")]
+    query: list[tuple[str, str]] | None = list(TREE_QUERY)
     found = None
     pages = 0
     while query is not None and pages < 1000:
@@ -27,37 +27,13 @@ def entry_from_listing(index: MetadataIndex, repo: hf.RepoRef, commit: str, path
             listing = json.loads(cached.body)
         except ValueError:
             return found
-        for item in listing if isinstance(listing, list) else ():
-            entry = _listed_file(commit, item)
-            if entry is not None:  # the whole page at once: the next HEADs find their entry directly
-                index.put_file(repo, entry)
-                found = entry if entry.path == path else found
+        for file in tree_files(listing) if isinstance(listing, list) else ():
+            # the whole page at once: the next HEADs find their entry directly
+            entry = FileEntry(commit, file.path, file.etag, file.size, lfs=file.lfs)
+            index.put_file(repo, entry)
+            found = entry if entry.path == path else found
         if found is not None:
             return found
-        query = _next_page(cached.headers)
+        query = next_page_query(cached.headers)
         pages += 1
     return found
-
-
-def _listed_file(commit: str, item: object) -> FileEntry | None:
-    """A tree listing's file entry as the index keeps it: the etag is the LFS sha256, else the git blob oid."""
-    if not isinstance(item, dict) or item.get("type") != "file" or not isinstance(item.get("path"), str):
-        return None
-    lfs = item.get("lfs")
-    etag = lfs.get("oid") or lfs.get("sha256") if isinstance(lfs, dict) else item.get("oid")
-    size = item.get("size")
-    if not isinstance(etag, str) or not isinstance(size, int):
-        return None
-    lfs_file = bool(hf.SHA256_RE.match(etag))
-    if not lfs_file and not hf.SHA1_RE.match(etag):
-        return None
-    return FileEntry(commit, item["path"], blob_key(etag), size, lfs=lfs_file)
-
-
-def _next_page(headers: tuple[tuple[str, str], ...]) -> list[tuple[str, str]] | None:
-    """The query of a cached listing page's next page (its ``Link: <...>; rel="next"``), if any."""
-    for name, value in headers:
-        if name.lower() == "link" and 'rel="next"' in value:
-            url = value.split("<", 1)[-1].split(">", 1)[0]
-            return parse_qsl(urlsplit(url).query, keep_blank_values=True)
-    return None

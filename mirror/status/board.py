@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from mirror import __version__
 from mirror.access import token_digest
 from mirror.hf import RepoRef, RepoType
+from mirror.metrics import Outcome
 from mirror.status.history import StatusHistory
 from mirror.sync.record import read_runs
 
@@ -256,8 +257,8 @@ class StatusBoard:
             "min_free_space": self.settings.min_free_space,
             "disk": disk["disk"],
             "sync_runs": self._sync_runs(disk["runs"]),
-            "hits": int(counts.get("hit", 0)), "misses": int(counts.get("miss", 0)),
-            "stale": int(counts.get("stale", 0)), "errors": int(counts.get("error", 0)),
+            "hits": int(counts.get(Outcome.HIT, 0)), "misses": int(counts.get(Outcome.MISS, 0)),
+            "stale": int(counts.get(Outcome.STALE, 0)), "errors": int(counts.get(Outcome.ERROR, 0)),
             "hit_ratio": (hits_total.hits / served) if served else 0.0,
             "fills": fills,
             "warming": warming,

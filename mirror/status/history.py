@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from mirror.metrics import Metrics
+from mirror.metrics import Metrics, Outcome
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,11 @@ class StatusHistory:
         for metric in self.metrics.requests.collect():
             for s in metric.samples:
                 if s.name.endswith("_total"):
-                    if s.labels.get("outcome") == "hit":
+                    if s.labels.get("outcome") == Outcome.HIT:
                         hits += s.value
-                    elif s.labels.get("outcome") in ("miss", "stale"):
+                    elif s.labels.get("outcome") in (Outcome.MISS, Outcome.STALE):
                         misses += s.value
-                    elif s.labels.get("outcome") == "error":
+                    elif s.labels.get("outcome") == Outcome.ERROR:
                         errors += s.value
         upstream_errors = sum(s.value for m in self.metrics.upstream_requests.collect() for s in m.samples
                               if s.name.endswith("_total") and s.labels.get("status") in ("5xx", "error"))

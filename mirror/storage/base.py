@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from mirror.errors import MirrorError
-
 
 @dataclass(frozen=True)
 class BlobInfo:
@@ -41,14 +39,6 @@ class Lease:
     owner: str
     expires: float
     peer: PeerAddress | None = None
-
-
-class LeaseLost(MirrorError):
-    """This process no longer holds the fill lease it worked under (another node took it over, or it could not be
-    renewed): it must stop fetching, and its commit is refused."""
-
-    status = 503
-    code = "LeaseLost"
 
 
 CopyProgress = Callable[[Path, int], None]

@@ -25,12 +25,13 @@ from mirror.access import Caller
 from mirror.config import Settings
 from mirror.errors import MirrorError
 from mirror.fill import Fill, FillManager, FillSpec
+from mirror.hubjson import LS_QUERY, TREE_QUERY, listing_pages, next_page_query, tree_files
 from mirror.index import ApiEntry, FileEntry, api_query_key, api_route_key
 from mirror.metrics import Outcome
 from mirror.service.answers import ApiResult, ResolvedFile
 from mirror.sync.backend import CacheParts
-from mirror.sync.jobs import RemoteFile, RevisionJob, tree_files
-from mirror.sync.listings import LS_QUERY, PROBED_PATHS, TREE_QUERY, listing_pages, next_query
+from mirror.sync.jobs import RemoteFile, RevisionJob
+from mirror.sync.listings import PROBED_PATHS
 from mirror.sync.manifest import Manifest
 from mirror.upstream import hub_error
 
@@ -116,7 +117,7 @@ class CacheDirBackend:
             if not isinstance(data, list):
                 raise MirrorError("the list API's answer is not a JSON list")
             rows.extend(r for r in data if isinstance(r, dict))
-            page = next_query(response.headers.items())
+            page = next_page_query(response.headers.items())
         return rows
 
     async def resolve(self, job: RevisionJob) -> tuple[str, str | None]:
@@ -125,11 +126,11 @@ class CacheDirBackend:
         if not isinstance(sha, str) or not hf.is_commit(sha):
             raise MirrorError(f"upstream's /revision/{job.revision} answer carries no commit sha")
         note = None
-        if outcome == "stale":
+        if outcome == Outcome.STALE:
             note = "upstream unreachable: kept the cached commit"
             job.stale = True
         if not self.dry_run and not hf.is_commit(job.revision):
-            if outcome == "stale":
+            if outcome == Outcome.STALE:
                 pass  # keep the ref's confirmation time: it was not confirmed now
             else:
                 self.index.put_ref(job.spec.repo, job.revision, sha)
@@ -149,7 +150,7 @@ class CacheDirBackend:
             if not isinstance(data, list):
                 raise MirrorError("the tree listing is not a JSON list")
             entries.extend(e for e in data if isinstance(e, dict))
-            query = next_query(headers)
+            query = next_page_query(headers)
         return entries
 
     async def prepare(self, job: RevisionJob, entries: list[dict[str, Any]]) -> None:

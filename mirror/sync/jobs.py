@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
 from mirror.errors import HubError, MirrorError
-from mirror.index import blob_key
+from mirror.hubjson import TreeFile
 from mirror.sync.manifest import RepoSpec
 
-
-@dataclass(frozen=True)
-class RemoteFile:
-    path: str
-    etag: str
-    size: int
-    lfs: bool
+# A file of the revision's tree, as mirror.hubjson reads it (path, etag, size, LFS, Xet hash).
+RemoteFile = TreeFile
 
 
 @dataclass
@@ -39,20 +33,6 @@ class RevisionJob:
     @property
     def label(self) -> str:
         return f"{self.spec.label}@{self.revision}"
-
-
-def tree_files(entries: list[dict[str, Any]]) -> list[RemoteFile]:
-    """Tree entries -> files: the etag is ``lfs.oid`` (sha256) for LFS files, ``oid`` (git blob sha1) otherwise."""
-    files = []
-    for entry in entries:
-        if entry.get("type") != "file":
-            continue
-        lfs = entry.get("lfs") if isinstance(entry.get("lfs"), dict) else None
-        oid = (lfs or {}).get("oid") or entry.get("oid")
-        if not isinstance(oid, str) or not oid or not isinstance(entry.get("path"), str):
-            continue
-        files.append(RemoteFile(entry["path"], blob_key(oid), int(entry.get("size") or 0), lfs is not None))
-    return files
 
 
 def error_text(exc: BaseException) -> str:

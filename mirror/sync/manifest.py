@@ -14,17 +14,12 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StringConstraints, ValidationError
 
 from mirror import hf
-from mirror.config import ConfigError
-from mirror.errors import BadRequest
+from mirror.errors import BadRequest, ManifestError
 
 PARQUET_REF = "refs/convert/parquet"  # the Hub's parquet conversion of a dataset (``parquet_branch = true``)
 
 
 _M = TypeVar("_M", bound="BaseModel")
-
-
-class ManifestError(ConfigError):
-    """The manifest cannot be used; the message says where and why."""
 
 
 @dataclass(frozen=True)

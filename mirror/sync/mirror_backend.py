@@ -14,8 +14,9 @@ import httpx
 from mirror import hf
 from mirror.config import Settings
 from mirror.errors import HubError, MirrorError
+from mirror.hubjson import LS_QUERY, TREE_QUERY, next_link
+from mirror.metrics import Outcome
 from mirror.sync.jobs import RemoteFile, RevisionJob
-from mirror.sync.listings import LINK_NEXT_RE, LS_QUERY, TREE_QUERY
 from mirror.sync.manifest import Manifest
 
 log = logging.getLogger("hf_mirror.sync")
@@ -73,8 +74,7 @@ class MirrorBackend:
             if not isinstance(data, list):
                 raise MirrorError("the list API's answer is not a JSON list")
             rows.extend(r for r in data if isinstance(r, dict))
-            match = LINK_NEXT_RE.search(response.headers.get("link") or "")
-            url, params = (match.group(1), None) if match else (None, None)
+            url, params = next_link(response.headers.get("link")), None
         return rows
 
     def _api_url(self, job: RevisionJob, sub: str, revision: str) -> str:
@@ -85,7 +85,7 @@ class MirrorBackend:
         sha = data.get("sha") if isinstance(data, dict) else None
         if not isinstance(sha, str) or not hf.is_commit(sha):
             raise MirrorError(f"the mirror's /revision/{job.revision} answer carries no commit sha")
-        job.stale = response.headers.get(hf.H_MIRROR_CACHE) == "stale"
+        job.stale = response.headers.get(hf.H_MIRROR_CACHE) == Outcome.STALE
         return sha, "mirror's upstream unreachable: kept its cached commit" if job.stale else None
 
     async def list_tree(self, job: RevisionJob) -> list[dict[str, Any]]:
@@ -102,7 +102,7 @@ class MirrorBackend:
             if not isinstance(data, list):
                 raise MirrorError("the tree listing is not a JSON list")
             entries.extend(e for e in data if isinstance(e, dict))
-            url, params = response.links.get("next", {}).get("url"), None
+            url, params = next_link(response.headers.get("link")), None
         return entries
 
     async def prepare(self, job: RevisionJob, entries: list[dict[str, Any]]) -> None:
@@ -125,7 +125,7 @@ class MirrorBackend:
             return False  # the GET itself tells (X-Mirror-Cache: hit), and stops at once on a hit
         response = await self.client.head(self._resolve_url(job, item), headers=self._headers(job))
         # "hit" on a HEAD: the mirror has the metadata and the blob.
-        return response.status_code == 200 and response.headers.get(hf.H_MIRROR_CACHE) == "hit"
+        return response.status_code == 200 and response.headers.get(hf.H_MIRROR_CACHE) == Outcome.HIT
 
     def partial_bytes(self, item: RemoteFile) -> int:
         return 0
@@ -138,7 +138,7 @@ class MirrorBackend:
                 await response.aread()
                 raise HubError(response.status_code, response.headers.get(hf.H_ERROR_CODE),
                                response.headers.get(hf.H_ERROR_MESSAGE) or response.text[:200])
-            if response.headers.get(hf.H_MIRROR_CACHE) == "hit":
+            if response.headers.get(hf.H_MIRROR_CACHE) == Outcome.HIT:
                 progress(item.size)
                 return None  # cached: the body is not read, the connection is closed
             if response.headers.get(hf.H_MIRROR_CACHE) == "passthrough":

@@ -12,10 +12,11 @@ from dataclasses import dataclass, replace
 import httpx
 
 from mirror.config import format_size
-from mirror.errors import HubError, MirrorError
+from mirror.errors import ErrorCode, HubError, MirrorError
+from mirror.hubjson import tree_files
 from mirror.sync.backend import Backend
 from mirror.sync.expand import Selection, expand
-from mirror.sync.jobs import RemoteFile, RevisionJob, error_text, tree_files
+from mirror.sync.jobs import RemoteFile, RevisionJob, error_text
 from mirror.sync.manifest import PARQUET_REF, Manifest
 from mirror.sync.progress import Reporter
 from mirror.sync.selection import select
@@ -61,7 +62,7 @@ async def _plan(backend: Backend, job: RevisionJob, reporter: Reporter) -> None:
         try:
             job.commit, job.note = await backend.resolve(job)
         except HubError as exc:
-            if whole and exc.status == 404 and exc.code == "RevisionNotFound":
+            if whole and exc.status == 404 and exc.code == ErrorCode.REVISION_NOT_FOUND:
                 job.note = f"no {PARQUET_REF} upstream (not converted)"
                 reporter.info(f"{job.label}: {job.note}")
                 return
@@ -81,7 +82,7 @@ async def _plan(backend: Backend, job: RevisionJob, reporter: Reporter) -> None:
                 await asyncio.sleep(0)  # a stat per file: let the server's clients in between (warm jobs run here)
     except (MirrorError, httpx.HTTPError, ValueError) as exc:
         job.error = error_text(exc)
-        job.repo_missing = isinstance(exc, HubError) and exc.code == "RepoNotFound"
+        job.repo_missing = isinstance(exc, HubError) and exc.code == ErrorCode.REPO_NOT_FOUND
         return
     if job.stale:
         job.error = job.note

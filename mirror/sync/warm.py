@@ -27,9 +27,10 @@ from mirror import hf
 from mirror.access import Caller, token_digest
 from mirror.config import format_size
 from mirror.errors import MirrorError, RetryLater, TooLarge
+from mirror.hubjson import tree_files
 from mirror.sync.backend import CacheParts
 from mirror.sync.cache_dir_backend import CacheDirBackend
-from mirror.sync.jobs import RevisionJob, error_text, tree_files
+from mirror.sync.jobs import RevisionJob, error_text
 from mirror.sync.manifest import Manifest, RepoSpec
 from mirror.sync.run import run_sync
 from mirror.sync.selection import select

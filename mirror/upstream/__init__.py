@@ -11,12 +11,13 @@
 Only this package imports an HTTP client library (httpx, urllib3).
 """
 
+from mirror.errors import RangeIgnored, UrlExpired
 from mirror.upstream.bulk import BulkBody
 from mirror.upstream.client import UpstreamClient
 from mirror.upstream.connection import RepoGuard
 from mirror.upstream.errors import hub_error
 from mirror.upstream.rate import RateLimit
-from mirror.upstream.values import FileBody, RangeIgnored, RelayBody, UpstreamAnswer, UpstreamFileMeta, UrlExpired
+from mirror.upstream.values import FileBody, RelayBody, UpstreamAnswer, UpstreamFileMeta
 
 __all__ = ["BulkBody", "FileBody", "RangeIgnored", "RateLimit", "RelayBody", "RepoGuard", "UpstreamAnswer",
            "UpstreamClient", "UpstreamFileMeta", "UrlExpired", "hub_error"]

@@ -15,7 +15,7 @@ from urllib.parse import urljoin
 import httpx
 
 from mirror import hf
-from mirror.errors import UpstreamUnavailable
+from mirror.errors import RangeIgnored, UpstreamUnavailable, UrlExpired
 from mirror.upstream.bulk import BulkBody, BulkResponse
 from mirror.upstream.connection import (
     MAX_ERROR_BODY,
@@ -28,7 +28,7 @@ from mirror.upstream.connection import (
     read_capped,
     read_error,
 )
-from mirror.upstream.values import FileBody, RangeIgnored, RelayBody, UpstreamAnswer, UpstreamFileMeta, UrlExpired
+from mirror.upstream.values import FileBody, RelayBody, UpstreamAnswer, UpstreamFileMeta
 
 
 class UpstreamClient(UpstreamConnection):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 
 from mirror import hf
-from mirror.errors import EntryNotFound, HubError, MirrorError, UpstreamUnavailable
+from mirror.errors import EntryNotFound, ErrorCode, HubError, MirrorError, UpstreamUnavailable
 from mirror.upstream.retry import RETRY_STATUSES
 from mirror.upstream.values import UpstreamAnswer
 
@@ -25,13 +25,12 @@ def hub_error(response: httpx.Response | UpstreamAnswer, *, resolve: bool, infer
     status = response.status_code
     if status in RETRY_STATUSES and status != 429:
         return UpstreamUnavailable(f"Upstream answered {status}: {message}")
-    if code == "EntryNotFound":
+    if code == ErrorCode.ENTRY_NOT_FOUND:
         return EntryNotFound(commit, message)
     if code is None and infer:  # The mirror always sends a code (clients need one over http://); infer the Hub's.
-        code = {401: "RepoNotFound", 403: "GatedRepo", 404: "EntryNotFound" if resolve else "RepoNotFound"}.get(
-            status
-        )
-        if code == "EntryNotFound":
+        code = {401: ErrorCode.REPO_NOT_FOUND, 403: ErrorCode.GATED_REPO,
+                404: ErrorCode.ENTRY_NOT_FOUND if resolve else ErrorCode.REPO_NOT_FOUND}.get(status)
+        if code == ErrorCode.ENTRY_NOT_FOUND:
             return EntryNotFound(commit, message)
     headers = {hf.H_REPO_COMMIT: commit} if commit else {}
     if status == 429:

@@ -10,17 +10,8 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
-from mirror.errors import MirrorError
 from mirror.upstream.bulk import BulkBody
 from mirror.upstream.rate import RateLimit
-
-
-class UrlExpired(MirrorError):
-    """A signed CDN URL was refused (403/410): resolve the file again for a fresh one."""
-
-
-class RangeIgnored(MirrorError):
-    """Upstream answered a bounded Range with the whole file: a parallel fill falls back to one stream."""
 
 
 @dataclass(frozen=True)

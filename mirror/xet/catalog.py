@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mirror.hf import SHA256_RE, RepoRef
+from mirror.hubjson import tree_file, tree_files
 from mirror.index import MetadataIndex
 
 XET_HASH_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -71,13 +72,9 @@ class XetCatalog:
         """Record the ``xetHash`` of every LFS file entry of a tree / paths-info answer at ``commit``."""
         if not isinstance(data, list):
             return
-        for item in data:
-            if not isinstance(item, dict) or item.get("type") != "file" or "xetHash" not in item:
-                continue
-            lfs = item.get("lfs")
-            if isinstance(lfs, dict) and isinstance(item.get("path"), str):
-                self.record(repo, commit, item["path"], str(item["xetHash"]), str(lfs.get("oid", "")),
-                            int(lfs.get("size", item.get("size", -1)) or 0))
+        for file in tree_files(data):
+            if file.lfs and file.xet_hash is not None:
+                self.record(repo, commit, file.path, file.xet_hash, file.etag, file.size)
 
     def annotate_listing(self, repo: RepoRef, commit: str, data: object) -> bool:
         """Put ``xetHash`` back on the LFS entries of a (Xet-stripped) listing whose blob upstream named; returns
@@ -86,10 +83,11 @@ class XetCatalog:
             return False
         added = False
         for item in data:
-            if not isinstance(item, dict) or item.get("type") != "file" or not isinstance(item.get("lfs"), dict):
+            file = tree_file(item)
+            if file is None or not file.lfs:
                 continue
-            xet_hash = self.hint(repo, commit, str(item.get("path", "")), str(item["lfs"].get("oid", "")))
-            if xet_hash:
+            xet_hash = self.hint(repo, commit, file.path, file.etag)
+            if xet_hash and isinstance(item, dict):
                 item["xetHash"] = xet_hash
                 added = True
         return added

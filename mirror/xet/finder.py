@@ -10,21 +10,19 @@ listing done is not redone for a while, so unknown hashes cost one cached lookup
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections import OrderedDict
-from urllib.parse import parse_qs, urlsplit
 
 from mirror import hf
 from mirror.access import Caller, token_digest
 from mirror.errors import MirrorError, UpstreamUnavailable
+from mirror.hubjson import TREE_QUERY, next_page_query
 from mirror.service import MirrorService
 from mirror.xet.catalog import XET_HASH_RE, XetCatalog, XetFile
 
 _MAX_PAGES = 100  # 100,000 files at the Hub's 1,000 a page
 _LISTED_FOR = 300.0  # seconds a finished listing is not asked again for a missing hash
 _LISTED_MAX = 10_000
-_NEXT = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
 
 
 class XetFinder:
@@ -60,20 +58,13 @@ class XetFinder:
         raw_path = f"{repo.api_path()}/tree/{commit}"
         cursor: str | None = None
         for _ in range(_MAX_PAGES):
-            query = [("recursive", "true"), ("expand", "false")] + ([("cursor", cursor)] if cursor else [])
+            query = TREE_QUERY + ([("cursor", cursor)] if cursor else [])
             try:
                 answer = await self.service.api(target, "GET", raw_path, query, None, caller)
             except UpstreamUnavailable:
                 raise
             except MirrorError:
                 return  # refused or missing upstream (a revoked token, offline): nothing more is learned
-            cursor = _next_cursor(dict((k.lower(), v) for k, v in answer.headers).get("link", ""))
+            cursor = dict(next_page_query(answer.headers) or ()).get("cursor")
             if answer.status != 200 or not cursor:
                 return
-
-
-def _next_cursor(link: str) -> str | None:
-    match = _NEXT.search(link)
-    if match is None:
-        return None
-    return (parse_qs(urlsplit(match.group(1)).query).get("cursor") or [None])[0]

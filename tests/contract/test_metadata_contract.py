@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
+from mirror.errors import LeaseLost
 from mirror.hf import RepoRef, RepoType
 from mirror.index import FileEntry, MetadataIndex
 from mirror.metadata import EmbeddedMetadata, HeldLease, MetadataStore
-from mirror.storage.base import LeaseLost, PeerAddress
+from mirror.storage.base import PeerAddress
 
 BACKENDS = ["embedded", "postgres"]
 REPO = RepoRef(RepoType.MODEL, "acme/tiny")

@@ -8,6 +8,7 @@ the one wiring, :func:`mirror.parts.build_parts`; a function-local import would 
 from __future__ import annotations
 
 import ast
+import builtins
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,6 +199,57 @@ def test_routes_never_touch_upstream_store_or_index() -> None:
     assert not offenders, f"routes go through mirror.service (or read a fill of mirror.fill): {offenders}"
 
 
+# The services a route asks (mirror.service's MirrorService, mirror.viewer's ViewerService): a route calls their methods
+# and reads their answers; it never reaches a part they hold (``self.service.index.get_ref``,
+# ``service.upstream.base``).
+SERVICES = ("mirror.service", "mirror.viewer.service")
+
+
+def service_methods() -> set[str]:
+    """Every method (and property) of the classes of the service modules."""
+    names: set[str] = set()
+    for name, path in modules().items():
+        if _within(name, SERVICES):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ClassDef):
+                    names |= {item.name for item in node.body if isinstance(item, (ast.FunctionDef,
+                                                                                     ast.AsyncFunctionDef))}
+    return names
+
+
+def service_chains(source: str, methods: set[str]) -> list[str]:
+    """``service.<part>.<attr>`` and ``self.service.<part>.<attr>`` in ``source`` where ``<part>`` is no method."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)):
+            continue
+        holder = node.value.value
+        is_service = (isinstance(holder, ast.Name) and holder.id == "service") or (
+            isinstance(holder, ast.Attribute) and holder.attr == "service" and isinstance(holder.value, ast.Name)
+            and holder.value.id == "self")
+        if is_service and node.value.attr not in methods:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_routes_reach_no_part_through_the_service() -> None:
+    """A route asks the service (a method) and sends its answer; the service's parts (index, upstream, store, fills)
+    stay private to it: an attribute chain through the service is knowledge leaking past the import graph."""
+    methods = service_methods()
+    assert {"resolve_file", "open_blob", "open_xorb", "commit_of", "pointed_at"} <= methods
+    offenders = {name: chains for name, path in modules().items() if _within(name, ROUTES)
+                 if (chains := service_chains(path.read_text(), methods))}
+    assert not offenders, f"give the service a method for what these routes reach through it: {offenders}"
+
+
+def test_the_service_chain_rule_finds_one() -> None:
+    methods = {"commit_of"}
+    assert service_chains("x = self.service.index.get_ref(repo, rev)", methods) == [
+        "1: self.service.index.get_ref"]
+    assert service_chains("y = service.upstream.upstream.base", methods) == ["1: service.upstream.upstream"]
+    assert service_chains("z = self.service.commit_of(repo, rev).upper()", methods) == []
+
+
 def test_policy_imports_no_web_framework_or_http_client() -> None:
     """The service, the fill engine and the access policy return values; upstream bytes reach them as the values
     of mirror.upstream, never as a transport's response objects."""
@@ -226,17 +278,18 @@ def test_the_layer_rules_see_their_modules() -> None:
 # --- the layers (mirror/__init__.py draws them): each module imports only from its own layer or below ---------------
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("values and the wire contract", ("mirror.config", "mirror.errors", "mirror.hf", "mirror.integrity",
-                                      "mirror.metrics", "mirror.logs", "mirror.asgi", "mirror.routetable")),
+    ("values and the wire contract", ("mirror.config", "mirror.errors", "mirror.hf", "mirror.hubjson",
+                                      "mirror.integrity", "mirror.metrics", "mirror.logs", "mirror.asgi",
+                                      "mirror.routetable")),
     ("adapters", ("mirror.index", "mirror.storage", "mirror.metadata", "mirror.upstream")),
     ("policy", ("mirror.access", "mirror.admission", "mirror.auth", "mirror.fill", "mirror.service", "mirror.viewer",
-                "mirror.parquet_info", "mirror.xet")),
+                "mirror.xet")),
     ("edges", ("mirror.routes", "mirror.sync", "mirror.cache", "mirror.status", "mirror.audit")),
     ("the one wiring", ("mirror.parts", "mirror.app", "mirror.front", "mirror.server")),
     ("the CLI", ("mirror.cli", "mirror.__main__")),
 )
 # Beside the house, over HTTP only: they start a server as a process or talk to one, never import its internals.
-SIDE = ("mirror.harness", "mirror.demo", "mirror.sample_hub")
+SIDE = ("mirror.harness", "mirror.demo")
 
 
 def layer_of(name: str) -> int | None:
@@ -268,3 +321,22 @@ def test_the_side_tools_reach_the_server_over_http_only() -> None:
     server_internals = [imp for imp in all_imports() if _within(imp.importer, SIDE) and layer_of(imp.imported) in
                         (1, 2, 3, 4)]
     assert not server_internals, [f"{i.importer}:{i.line} imports {i.imported}" for i in server_internals]
+
+
+# --- one exception tree (errors.py draws it, as httpx's _exceptions.py does) ---------------------------------------
+
+def _exception_names() -> set[str]:
+    tree = ast.parse(modules()["mirror.errors"].read_text())
+    names = {name for name in dir(builtins) if isinstance(getattr(builtins, name), type)
+             and issubclass(getattr(builtins, name), BaseException)}
+    return names | {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def test_every_exception_of_the_server_is_in_errors() -> None:
+    known = _exception_names()
+    offenders = [f"{name}:{node.lineno} {node.name}" for name, path in modules().items()
+                 if name != "mirror.errors" and not _within(name, SIDE)
+                 for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                 if isinstance(node, ast.ClassDef) and any(ast.unparse(b).rpartition(".")[2] in known
+                                                           for b in node.bases)]
+    assert not offenders, f"define these in mirror/errors.py (its tree, drawn in its docstring): {offenders}"

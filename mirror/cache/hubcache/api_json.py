@@ -10,12 +10,10 @@ import time
 from typing import Any
 
 from mirror import hf
+from mirror.hubjson import LS_QUERY, TREE_QUERY, lfs_etag, listing_pages
 from mirror.index import ApiEntry, MetadataIndex, api_query_key, api_route_key
-from mirror.sync.listings import listing_pages
 
 _JSON_HEADERS = (("content-type", "application/json"),)
-_TREE_QUERY = [("recursive", "true"), ("expand", "false")]
-_LS_QUERY = [("recursive", "false"), ("expand", "false")]
 
 
 def lfs_pointer(sha256: str, size: int) -> bytes:
@@ -28,7 +26,7 @@ def git_blob_sha1(data: bytes) -> str:
 
 def tree_entry(path: str, etag: str, size: int, blob_id: str | None = None) -> dict[str, Any]:
     """A Hub tree entry for a file. For LFS files the ``oid`` is the git blob sha1 of the pointer file."""
-    if hf.SHA256_RE.match(etag):
+    if lfs_etag(etag):
         pointer = lfs_pointer(etag, size)
         return {"type": "file", "oid": blob_id or git_blob_sha1(pointer), "size": size, "path": path,
                 "lfs": {"oid": etag, "size": size, "pointerSize": len(pointer)}}
@@ -72,9 +70,9 @@ def synthesize_api(index: MetadataIndex, repo: hf.RepoRef, commit: str, files: d
     # By commit (immutable when the listing is complete), and by every branch/tag that pointed at it (always
     # stale: a branch moves, so an online mirror asks upstream again).
     for revision, immutable in [(commit, complete), *((rev, False) for rev in revisions)]:
-        put(revision, api_route_key("tree", ""), _TREE_QUERY, recursive, immutable)
+        put(revision, api_route_key("tree", ""), TREE_QUERY, recursive, immutable)
         for directory, children in pages.items():
-            put(revision, api_route_key("tree", directory), _LS_QUERY, children, immutable)
+            put(revision, api_route_key("tree", directory), LS_QUERY, children, immutable)
         put(revision, api_route_key("revision", ""), [], info, immutable)
     if "main" in revisions:
         put(None, api_route_key("info", ""), [], info, False)

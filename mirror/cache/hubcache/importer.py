@@ -24,6 +24,7 @@ from mirror.access import AccessPolicy
 from mirror.cache.hubcache.api_json import synthesize_api
 from mirror.cache.hubcache.layout import REPO_DIR_RE, link_or_copy
 from mirror.errors import MirrorError
+from mirror.hubjson import lfs_etag
 from mirror.index import FileEntry, MetadataIndex
 from mirror.integrity import hash_file
 from mirror.storage.base import BlobStore
@@ -188,11 +189,11 @@ async def import_tree(path: Path, store: BlobStore, index: MetadataIndex, access
                 files[rel] = (etag, size)
                 report.files += 1
                 if index.get_file(repo, commit, rel) is None:
-                    index.put_file(repo, FileEntry(commit, rel, etag, size, lfs=len(etag) == 64))
+                    index.put_file(repo, FileEntry(commit, rel, etag, size, lfs=lfs_etag(etag)))
             if listed is not None:  # files the commit has that this cache never downloaded: metadata only
                 for rel, (etag, size) in listed.items():
                     if index.get_file(repo, commit, rel) is None:
-                        index.put_file(repo, FileEntry(commit, rel, etag, size, lfs=len(etag) == 64))
+                        index.put_file(repo, FileEntry(commit, rel, etag, size, lfs=lfs_etag(etag)))
             no_exist = folder / ".no_exist" / commit
             for rel, _ in _walk_files(no_exist) if no_exist.is_dir() else []:
                 if index.get_file(repo, commit, rel) is None:

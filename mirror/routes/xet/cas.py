@@ -15,13 +15,13 @@ from mirror.asgi import Receive, Scope, Send
 from mirror.audit import note_file
 from mirror.audit.event import ANONYMOUS
 from mirror.config import Settings
-from mirror.errors import HubError, MethodNotAllowed, MirrorError, RouteNotFound
+from mirror.errors import ErrorCode, HubError, MethodNotAllowed, MirrorError, RouteNotFound
 from mirror.fill import FillManager
 from mirror.metrics import Metrics, Outcome
-from mirror.routes.common import bearer_token, header, mirror_base, parse_range, send_error
+from mirror.routes.common import bearer_token, header, mirror_base, outcome_headers, parse_range, send_error
 from mirror.routes.xet.reader import SourceReader
 from mirror.service import MirrorService
-from mirror.service.answers import Cached, FileEntry, Filling, Relay, ResolvedFile
+from mirror.service.answers import BlobSource
 from mirror.xet import CAS_PREFIX, XetCatalog, XetFile, XetSigner, xorb
 from mirror.xet.finder import XetFinder
 
@@ -85,10 +85,9 @@ class XetCas:
         # node): only ever among the token's own repo's files.
         file = await self.finder.file(repo, str(claims.get("c", "")), file_hash.lower(), caller)
         if file is None:  # not a file of the token's repo (another repo's hash reads nothing)
-            raise HubError(404, "EntryNotFound", "No such file in the repo this Xet token is for")
+            raise HubError(404, ErrorCode.ENTRY_NOT_FOUND, "No such file in the repo this Xet token is for")
         # The admission policy, by hash as by name (its xorbs are held to it again: open_blob).
-        await self.service.admit_bytes(ResolvedFile(repo, FileEntry(file.commit, file.path, file.etag, file.size,
-                                                                    lfs=True), Outcome.HIT), caller)
+        await self.service.admit_lfs_file(repo, file.commit, file.path, file.etag, file.size, caller)
         if self.audited and scope["method"] == "GET":
             await self._note(scope, repo, file, claims)
         if file.size == 0:
@@ -126,14 +125,10 @@ class XetCas:
         first, last = byte_range if byte_range is not None else (0, length - 1)
         file_start, file_end = xorb.file_span(size, index, first, last)
         repo = hf.RepoRef(hf.RepoType(claims["t"]), claims["r"])
-        resolved = ResolvedFile(repo, FileEntry(claims["c"], claims["p"], claims["e"], size, lfs=True), Outcome.HIT)
-        source = await self.service.open_blob(resolved, caller, file_start, file_end - 1, detached=True)
-        if type(source) is Relay and file_end == size:
-            fill = self.fills.get(claims["e"])  # the file's last byte comes only from a verified fill
-            if fill is not None:
-                source = Filling(fill, source.outcome)
+        source = await self.service.open_xorb(repo, claims["c"], claims["p"], claims["e"], size, caller, file_start,
+                                              file_end - 1)
         headers = [(b"content-type", b"application/octet-stream"), (b"content-length", str(last - first + 1).encode()),
-                   (b"accept-ranges", b"bytes"), (hf.H_MIRROR_CACHE.lower().encode(), source.outcome.encode())]
+                   (b"accept-ranges", b"bytes"), *outcome_headers(source.outcome)]
         status = 200
         if byte_range is not None:
             status = 206
@@ -171,8 +166,7 @@ class XetCas:
         that follow are the same client session: they add no event."""
         byte_range = parse_range(header(scope, b"range"), file.size) if file.size else None
         length = file.size if byte_range is None else byte_range[1] - byte_range[0] + 1
-        entry = FileEntry(file.commit, file.path, file.etag, file.size, lfs=True)
-        cache = await self.service.head_outcome(ResolvedFile(repo, entry, Outcome.HIT))
+        cache = await self.service.lfs_outcome(repo, file.commit, file.path, file.etag, file.size)
         mode = claims.get("m")
         caller = claims.get("w") or (f"token:{str(claims.get('u', ''))[:16]}" if mode == "own" else ANONYMOUS)
         note_file(scope, repo.type.value, repo.repo_id, file.path, None, commit=file.commit, etag=file.etag,
@@ -185,7 +179,7 @@ class XetCas:
         data = await read(start, end)
         return xorb.frame(size, index, first, last, data, start)
 
-    def _reader(self, source: Cached | Filling | Relay, start: int, end: int) -> SourceReader:
+    def _reader(self, source: BlobSource, start: int, end: int) -> SourceReader:
         return SourceReader(self.fills, self.service, source, start, end)
 
     def _caller(self, claims: dict) -> Caller | None:

@@ -51,8 +51,7 @@ class XetTokenRoute:
         if commit is None and target.revision and (result.outcome is Outcome.STALE or self.settings.offline):
             # A listing served from the cache (upstream down, or offline) is of the commit the ref last named: the
             # token route resolves the branch the same way, so the hint stays one the mirror can serve.
-            ref = self.service.index.get_ref(target.repo, target.revision)
-            commit = ref.commit if ref else None
+            commit = self.service.commit_of(target.repo, target.revision, fresh=False)
         if commit is None:
             return result
         try:
@@ -67,10 +66,7 @@ class XetTokenRoute:
     def _commit(self, repo: hf.RepoRef, revision: str | None) -> str | None:
         if not revision:
             return None
-        if hf.is_commit(revision):
-            return revision
-        ref = self.service.index.get_ref_fresh(repo, revision, self.settings.revision_ttl)
-        return ref.commit if ref else None
+        return self.service.commit_of(repo, revision)
 
     # --- the token route -------------------------------------------------------------------------------------------
 
@@ -117,7 +113,7 @@ class XetTokenRoute:
             # the rules a resolve applies then (confirmed access within the grace period).
             unreachable = exc
         commit = str(info["sha"]) if info and hf.is_commit(str(info.get("sha", ""))) else (
-            self._commit(repo, revision) or ((ref := self.service.index.get_ref(repo, revision)) and ref.commit))
+            self._commit(repo, revision) or self.service.commit_of(repo, revision, fresh=False))
         probe = self.catalog.probe_path(repo)
         if probe is None and commit and (path := _first_path(info)):
             probe = (commit, path)

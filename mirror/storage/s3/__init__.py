@@ -17,7 +17,7 @@ Importing this package imports aiobotocore (the ``s3`` extra): :func:`mirror.sto
 when ``storage = "s3"``.
 """
 
-from mirror.storage.s3.errors import StorageUnavailable
+from mirror.errors import StorageUnavailable
 from mirror.storage.s3.store import S3BlobStore
 
 __all__ = ["S3BlobStore", "StorageUnavailable"]

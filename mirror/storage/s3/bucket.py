@@ -17,6 +17,7 @@ from aiobotocore.session import get_session
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from mirror.errors import AlreadyCommitted
 from mirror.storage.base import BlobInfo
 from mirror.storage.s3.errors import error_code, http_status
 
@@ -155,10 +156,10 @@ class Bucket:
                 return
             async with fence():
                 if await self.head_blob(etag) is not None:
-                    raise _AlreadyCommitted
+                    raise AlreadyCommitted
                 await client.complete_multipart_upload(Bucket=self.name, Key=key, UploadId=upload_id,
                                                        MultipartUpload={"Parts": list(parts)})
-        except _AlreadyCommitted:  # same etag, same bytes: success, and the upload is dropped
+        except AlreadyCommitted:  # same etag, same bytes: success, and the upload is dropped
             with contextlib.suppress(Exception):
                 await client.abort_multipart_upload(Bucket=self.name, Key=key, UploadId=upload_id)
         except BaseException:
@@ -190,10 +191,6 @@ class Bucket:
                 name = item["Key"][len(base):].rsplit("/", 1)[-1]
                 if name and not name.startswith("."):
                     yield BlobInfo(name, int(item["Size"]), item["LastModified"].timestamp())
-
-
-class _AlreadyCommitted(Exception):
-    """Another node committed the blob first (found inside the fence)."""
 
 
 def _read_range(path: Path, offset: int, length: int) -> bytes:

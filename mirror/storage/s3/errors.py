@@ -9,17 +9,10 @@ from typing import ParamSpec, TypeVar
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
-from mirror.errors import MirrorError
+from mirror.errors import StorageUnavailable
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-
-
-class StorageUnavailable(MirrorError):
-    """The bucket could not be reached or refused a request. Hot-tier hits are still served without it."""
-
-    status = 503
-    code = "StorageUnavailable"
 
 
 def storage_errors(func: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]:

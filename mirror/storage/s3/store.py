@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from mirror.errors import IntegrityError, MirrorError
+from mirror.errors import IntegrityError, LeaseLost, MirrorError
 from mirror.integrity import BlobHasher
-from mirror.storage.base import BlobInfo, CopyProgress, Lease, LeaseLost, PeerAddress
+from mirror.storage.base import BlobInfo, CopyProgress, Lease, PeerAddress
 from mirror.storage.s3.bucket import Bucket
 from mirror.storage.s3.errors import storage_errors
 from mirror.storage.s3.hot_tier import HotTier

@@ -10,7 +10,7 @@ It is not the test emulator: it only knows branch ``main`` and the commit sha.
 With ``--size`` it also serves the bench's dataset ``demo/bench-text`` (parquet shards of that total size, streamed
 from disk) and its tokenizer ``demo/bench-tokenizer`` (:mod:`mirror.harness.sample_data` generates them once).
 
-``python -m mirror.sample_hub --port 8091 [--rows 4000] [--write-local DIR] [--size 2G --seed 0 --data-dir DIR]``
+``python -m mirror.demo.sample_hub --port 8091 [--rows 4000] [--write-local DIR] [--size 2G --seed 0 --data-dir DIR]``
 """
 
 from __future__ import annotations
@@ -361,7 +361,7 @@ async def _send_file(send: Send, method: str, status: int, headers: dict[str, st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mirror.sample_hub", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mirror.demo.sample_hub", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8091)
     parser.add_argument("--rows", type=int, default=4000, help="train rows of demo/tiny-text (test: a tenth)")

@@ -8,7 +8,7 @@ uses the answer only when its ``X-Revision`` is the commit it resolved and the J
   caller's token and cached per dataset and query: the newest answer, and the answer per ``X-Revision`` commit.
   Fresh for ``revision_ttl``; stale when upstream fails; offline, the cached answer (the one for the commit ``main``
   is known at, when there is one) or, with pyarrow installed, one built from cached parquet files
-  (:mod:`mirror.parquet_info`); else a fast 404.
+  (:mod:`mirror.viewer.parquet_info`); else a fast 404.
 - Every answer passes the same per-caller access check as the dataset's files (``content``), because that is the
   viewer's own rule (it asks the Hub's auth check with the caller's token) and a gated dataset's API JSON is public
   while its viewer answers are not: a cached answer of a private or gated dataset goes only to a caller whose access
@@ -39,7 +39,16 @@ from urllib.parse import quote, urlencode
 from mirror import hf
 from mirror.access import AccessPolicy, Caller, offline_refusal
 from mirror.config import Settings
-from mirror.errors import AccessDenied, EntryNotFound, HubError, MirrorError, RevisionNotFound, UpstreamUnavailable
+from mirror.errors import (
+    AccessDenied,
+    EntryNotFound,
+    ErrorCode,
+    HubError,
+    MirrorError,
+    RevisionNotFound,
+    UpstreamUnavailable,
+    ViewerNotFound,
+)
 from mirror.index import ApiEntry, MetadataIndex, api_query_key
 from mirror.metrics import Metrics, Outcome
 from mirror.upstream.viewer import ViewerUpstream
@@ -62,12 +71,8 @@ _UNAUTHENTICATED = ("The dataset does not exist, or is not accessible without au
                     "Please check the spelling of the dataset name or retry with authentication.")
 _AUTHENTICATED = ("The dataset does not exist, or is not accessible with the current credentials (private or gated). "
                   "Please check the spelling of the dataset name or retry with other authentication credentials.")
-_DENIED_CODES = ("ExternalUnauthenticatedError", "ExternalAuthenticatedError", "RepoNotFound", "GatedRepo")
-
-
-class ViewerNotFound(HubError):
-    def __init__(self, message: str) -> None:
-        super().__init__(404, "ResponseNotFound", message)
+_DENIED_CODES = ("ExternalUnauthenticatedError", "ExternalAuthenticatedError", ErrorCode.REPO_NOT_FOUND,
+                 ErrorCode.GATED_REPO)
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,11 @@ class ViewerService:
         self.enabled = settings.viewer_upstream not in ("off", "none")
         # Offline /info from cached parquet files: (repo, config) -> (the answer's JSON, its commit), or None.
         self.offline_info = offline_info
+
+    def pointed_at(self, *, hub: str, viewer: str) -> tuple[tuple[str, str], ...]:
+        """The replacements (:func:`rewrite_urls`) that point upstream's URLs in an answer at ``hub`` and ``viewer``
+        (the mirror's bases as a client reached it): the viewer's base first, then the Hub's."""
+        return (self.upstream.base, viewer), (self.upstream.upstream.base, hub)
 
     # --- the viewer host -------------------------------------------------------------------------------------------
 
@@ -227,7 +237,7 @@ class ViewerService:
             return await self._stale(repo, caller, cached, error)
         if status >= 400:
             # Only an auth refusal says the dataset is not public (a 404 for a dataset without a conversion does not).
-            if caller.token is None and (status == 401 or answer.headers.get("x-error-code") in _DENIED_CODES):
+            if caller.token is None and (status == 401 or answer.headers.get(hf.H_ERROR_CODE) in _DENIED_CODES):
                 self.access.record_public(repo, _ACCESS, None, public=False)
             raise self.upstream.upstream.error(answer, resolve=resolve_error)
         headers = tuple((k.lower(), v) for k, v in answer.headers.items() if k.lower() in _KEPT_HEADERS)

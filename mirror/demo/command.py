@@ -1,8 +1,8 @@
 """``hf-mirror demo``: the whole path, offline, in under a minute.
 
 A small self-contained bench (:mod:`mirror.harness.sample_bench`): the generated dataset ``demo/bench-text`` (2 MB
-of parquet by default, generated once and kept), the sample Hub serving it (:mod:`mirror.sample_hub`), a fresh mirror
-in front of it, and the passes local disk, direct to the sample Hub, mirror cold and mirror warm, with the table.
+of parquet by default, generated once and kept), the sample Hub serving it (:mod:`mirror.demo.sample_hub`), a fresh
+mirror in front of it, and the passes local disk, direct to the sample Hub, mirror cold and mirror warm, with the table.
 Every server is a subprocess on a free 127.0.0.1 port, stopped by PID in a ``finally``, on Ctrl-C as well.
 """
 
