@@ -156,6 +156,10 @@ class Settings(BaseSettings):
     parallel_fill_threshold: Bytes = 64 * 1024**2
     fill_connections: int = Field(8, ge=1)
     fill_window: Bytes = Field(32 * 1024**2, ge=1024**2)
+    # A window whose rate over the last ``fill_hedge_after`` seconds is under 1/8 of the others' (or nil) is asked
+    # again from where it stands on a fresh connection (a hedged request), at most ``fill_hedges`` times a fill.
+    fill_hedges: int = Field(4, ge=0)
+    fill_hedge_after: float = Field(2.0, gt=0)
     # Upstream bandwidth, bytes/s (0: unlimited): ``upstream_rate`` is shared by every fill of the process;
     # ``sync_rate`` bounds the ``sync`` command instead, during ``sync_hours`` ("HH-HH" local time, e.g. "08-18";
     # empty: always) — outside them the sync runs at ``upstream_rate``.

@@ -47,7 +47,8 @@ async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metri
         else:
             windows = WindowedFill(fill, fd, hasher, offset, upstream, metrics, threads,
                                    connections=settings.fill_connections, window=settings.fill_window,
-                                   chunk_size=chunk_size, url=url)
+                                   chunk_size=chunk_size, url=url, hedges=settings.fill_hedges,
+                                   hedge_after=settings.fill_hedge_after)
             try:
                 await windows.run()
                 offset = spec.size
