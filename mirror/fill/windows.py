@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from mirror.config import Settings
 from mirror.errors import UpstreamUnavailable
-from mirror.fill.copy import Span, copy, write_prefix
+from mirror.fill.copy import Span, copy, read_windows, write_prefix, write_windows
 from mirror.fill.resume import SignedUrl, fetch
 from mirror.fill.state import Fill
 from mirror.fill.threads import FillThreads, in_thread, settle
@@ -42,6 +42,13 @@ _PREFIX_FILE_SECONDS = 0.05  # the prefix file (cross-process followers, resume)
 _WATCH_SECONDS = 0.2  # how often the windows in flight are sampled for a laggard
 _HEDGE_SLOWER = 8  # a window this many times slower than the median of the others is asked again
 _FINISHED_RATES = 8  # the rates of the last windows finished, compared with too (a tail window has no peers left)
+_WINDOWS_FILE_SECONDS = 0.2  # the windows map (sparse partial files) is rewritten at most this often
+_SPARSE_LINGER = 2.0  # a sparse fill with no reader and nothing asked pauses after this many seconds
+
+
+class FillPaused(Exception):
+    """A sparse fill stopped with the windows its readers asked for on disk (and in its windows map); the next
+    read or a full download resumes it."""
 
 log = logging.getLogger("hf_mirror.fill")
 
@@ -76,15 +83,23 @@ class WindowedFill:
 
     def __init__(self, fill: Fill, fd: int, hasher: BlobHasher, offset: int, upstream: UpstreamClient,
                  metrics: Metrics, threads: FillThreads, *, connections: int, window: int, chunk_size: int,
-                 url: SignedUrl, hedges: int = 0, hedge_after: float = 2.0) -> None:
+                 url: SignedUrl, hedges: int = 0, hedge_after: float = 2.0, read_ahead: int = 0,
+                 complete_share: float = 1.0) -> None:
         self.fill, self.fd, self.hasher, self.upstream, self.metrics = fill, fd, hasher, upstream, metrics
         self.threads = threads
         self.size = fill.spec.size
         self.connections = connections
         self.chunk_size = chunk_size
         self.url = url  # the newest signed URL any window got, shared with the single stream after a fallback
-        self.windows = [Window(s, min(s + window, self.size), s) for s in range(offset, self.size, window)]
-        self.base, self.window_size = offset, window
+        # Windows are aligned on multiples of ``window`` (a sparse file's held windows keep their places); the first
+        # one begins where the prefix stands.
+        self.base, self.window_size = offset - offset % window, window
+        self.windows = [Window(s, min(s + window, self.size), max(s, offset))
+                        for s in range(self.base, self.size, window)]
+        self.read_ahead = read_ahead  # sparse: bytes past a wanted position fetched with it
+        self.complete_share = complete_share  # sparse: the share of the file held that has the rest fetched too
+        self._windows_written_at = 0.0
+        self._held_from_map(offset)
         self._wanted: set[int] = set()  # windows a reader waits for, taken before the next in order
         self.contiguous = offset  # bytes on disk without a hole
         self.hashed = offset  # bytes hashed, in order
@@ -94,34 +109,82 @@ class WindowedFill:
         self.hedges_left = hedges  # hedged requests this fill may still make (fill_hedges)
         self.hedge_after = hedge_after  # seconds of a window's rate judged at once (fill_hedge_after)
         self._finished_rates: deque[float] = deque(maxlen=_FINISHED_RATES)
+        self._asked = asyncio.Event()  # a window was wanted, or the whole file asked for (idle sparse workers wake)
+
+    def _held_from_map(self, offset: int) -> None:
+        """Take the windows a previous (sparse) fill left on disk, as its windows map lists them."""
+        held = read_windows(self.fill.partial, self.fd)
+        if held is None or held[0] != self.window_size:
+            return
+        for start, done in held[1]:
+            if start % self.window_size == 0 and start >= self.base:
+                window = self.windows[(start - self.base) // self.window_size]
+                window.done = max(window.done, min(done, window.end))
+                window.started = window.complete
+        contiguous = self._contiguous_from(offset)
+        self.contiguous = contiguous
+        self.fill.advance(contiguous)
+
+    def _contiguous_from(self, contiguous: int) -> int:
+        for candidate in self.windows:
+            if candidate.end <= contiguous:
+                continue
+            if candidate.start > contiguous:
+                break
+            contiguous = max(contiguous, candidate.done)
+            if not candidate.complete:
+                break
+        return contiguous
+
+    def held(self) -> int:
+        return sum(w.done - w.start for w in self.windows)
+
+    def _write_map(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._windows_written_at >= _WINDOWS_FILE_SECONDS:
+            self._windows_written_at = now
+            write_windows(self.fill.partial, self.fd, self.window_size,
+                          [(w.start, w.done) for w in self.windows if w.done > w.start])
+
+    def complete_all(self) -> None:
+        """The whole file is wanted now (a full download, the sync, or the share policy): fetch every window."""
+        self.fill.sparse = False
+        self._asked.set()
 
     async def run(self) -> None:
         """Fetch every window and hash the file; raises the first failure (every worker stopped by then)."""
         write_prefix(self.fill.partial, self.contiguous)
         fill = self.fill
         fill.run_end, fill.want, fill.windowed = self.run_end, self.want, True
+        fill.complete_all = self.complete_all
         for offset in fill.wanted:  # asked before the windows began
             self.want(offset)
         fill.wanted.clear()
         loop = asyncio.get_running_loop()
         workers = [loop.create_task(self._worker()) for _ in range(min(self.connections, len(self.windows)))]
         hashing = loop.create_task(self._hash())
-        tasks = [*workers, hashing]
+        linger = loop.create_task(self._linger())
+        tasks = [*workers, hashing, linger]
         if self.hedges_left > 0:
             tasks.append(loop.create_task(self._watch()))
         try:
-            done, _ = await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                if task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+            waiting: set[asyncio.Task[None]] = {*workers, linger}
+            while waiting & set(workers):
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
             await hashing
         except RangeIgnored:
             fill.run_end, fill.want, fill.windowed = None, None, False  # one stream from the hashed prefix now
             raise
         finally:
+            fill.complete_all = None
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks)
+            if any(w.done > w.start for w in self.windows if w.start >= self.contiguous):
+                self._write_map(force=True)  # windows beyond the prefix stay for the next fill
 
     # --- windows -------------------------------------------------------------------------------------------------
 
@@ -142,9 +205,12 @@ class WindowedFill:
     def want(self, position: int) -> None:
         """A reader waits for ``position``: its window goes next if no worker has taken it."""
         if position >= self.base:
-            index = (position - self.base) // self.window_size
-            if index < len(self.windows) and not self.windows[index].started:
-                self._wanted.add(index)
+            last = position + (self.read_ahead if self.fill.sparse else 0)
+            first = (position - self.base) // self.window_size
+            for index in range(first, min((last - self.base) // self.window_size + 1, len(self.windows))):
+                if not self.windows[index].started:
+                    self._wanted.add(index)
+                    self._asked.set()
 
     def _take(self) -> Window | None:
         while self._wanted:
@@ -152,7 +218,7 @@ class WindowedFill:
             self._wanted.discard(index)
             if not self.windows[index].started:
                 return self._began(self.windows[index])
-        while self._next < len(self.windows):
+        while self._next < len(self.windows) and not self.fill.sparse:
             window = self.windows[self._next]
             self._next += 1
             if not window.started:
@@ -165,9 +231,30 @@ class WindowedFill:
         return window
 
     async def _worker(self) -> None:
-        while (window := self._take()) is not None:
+        while True:
+            window = self._take()
+            if window is None:
+                if not self.fill.sparse:
+                    return
+                self._asked.clear()  # sparse: wait for a reader's window (or the whole file)
+                await self._asked.wait()
+                continue
             await self._fetch(window)
             self._finished_rates.append((window.end - window.start) / max(time.monotonic() - window.began, 1e-3))
+
+    async def _linger(self) -> None:
+        """A sparse fill with no reader, no window in flight and none asked for pauses (:class:`FillPaused`) after
+        ``_SPARSE_LINGER`` seconds: its windows stay on disk, listed in the windows map."""
+        idle_since: float | None = None
+        while True:
+            await asyncio.sleep(_SPARSE_LINGER / 4)
+            busy = any(w.started and not w.complete for w in self.windows) or self._wanted
+            if not self.fill.sparse or self.fill.readers > 0 or busy:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= _SPARSE_LINGER:
+                raise FillPaused(f"{self.fill.spec.path}: {self.held()} of {self.size} bytes held (sparse)")
 
     async def _fetch(self, window: Window) -> None:
         """Fetch ``window`` on one connection; when the watchdog finds it lagging, race a hedge against it."""
@@ -267,15 +354,11 @@ class WindowedFill:
 
     def _advanced(self, window: Window, offset: int) -> None:
         window.done = max(window.done, offset)
-        contiguous = self.contiguous
-        for candidate in self.windows:
-            if candidate.end <= contiguous:
-                continue
-            if candidate.start > contiguous:
-                break
-            contiguous = candidate.done
-            if not candidate.complete:
-                break
+        if window.complete and window.start >= self.contiguous:
+            self._write_map()  # a window held beyond the prefix: listed for the next fill (sparse, resume)
+            if self.fill.sparse and self.held() >= self.complete_share * self.size:
+                self.complete_all()  # the completion policy: most of the file is here, fetch the rest
+        contiguous = self._contiguous_from(self.contiguous)
         if contiguous > self.contiguous:
             self.contiguous = contiguous
             now = time.monotonic()
