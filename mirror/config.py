@@ -152,6 +152,17 @@ class Settings(BaseSettings):
     parallel_fill_threshold: Bytes = 64 * 1024**2
     fill_connections: int = Field(8, ge=1)
     fill_window: Bytes = Field(32 * 1024**2, ge=1024**2)
+    # A window whose rate over the last ``fill_hedge_after`` seconds is under 1/8 of the others' (or nil) is asked
+    # again from where it stands on a fresh connection (a hedged request), at most ``fill_hedges`` times a fill.
+    fill_hedges: int = Field(4, ge=0)
+    fill_hedge_after: float = Field(2.0, gt=0)
+    # A Range on a file of at least ``sparse_fill_threshold`` bytes (0: never) that is not stored fetches only the
+    # windows it covers plus ``sparse_read_ahead`` bytes after each, kept in a sparse partial file; the rest of the file
+    # is fetched once a full download (or the sync, or a warm job) asks for it, or once ``sparse_complete_share`` of
+    # it is held.
+    sparse_fill_threshold: Bytes = 1024**3
+    sparse_read_ahead: Bytes = 32 * 1024**2
+    sparse_complete_share: float = Field(0.5, gt=0, le=1)
     # Upstream bandwidth, bytes/s (0: unlimited): ``upstream_rate`` is shared by every fill of the process;
     # ``sync_rate`` bounds the ``sync`` command instead, during ``sync_hours`` ("HH-HH" local time, e.g. "08-18";
     # empty: always) — outside them the sync runs at ``upstream_rate``.

@@ -135,6 +135,10 @@ class Metrics:
         self.fills_in_flight = Gauge("hf_mirror_fills_in_flight", "Blob fills running", registry=r,
                                      multiprocess_mode="livesum")
         self.fills = Counter("hf_mirror_fills", "Finished blob fills, by result", ["result"], registry=r)
+        self.fill_hedges = Counter("hf_mirror_fill_hedges", "Windows of parallel fills asked again on a fresh "
+                                   "connection because they lagged (hedged requests)", registry=r)
+        self.fill_hedge_bytes = Counter("hf_mirror_fill_hedge_bytes", "Upstream body bytes fetched by hedged "
+                                        "requests (counted in hf_mirror_upstream_bytes too)", registry=r)
         self.integrity_failures = Counter(
             "hf_mirror_integrity_failures", "Fills discarded because size or hash did not match", registry=r
         )

@@ -22,7 +22,9 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
     "background work": ("gc_interval", "scrub_rate"),
     "upstream": ("upstream", "upstream_token", "lend_upstream_token", "offline", "revision_ttl", "connect_timeout",
                  "read_timeout", "viewer_upstream"),
-    "fills and bandwidth": ("parallel_fill_threshold", "fill_connections", "fill_window", "upstream_rate",
+    "fills and bandwidth": ("parallel_fill_threshold", "fill_connections", "fill_window", "fill_hedges",
+                            "fill_hedge_after", "sparse_fill_threshold", "sparse_read_ahead",
+                            "sparse_complete_share", "upstream_rate",
                             "sync_rate", "sync_hours", "fill_on_disconnect"),
     "listener": ("host", "port", "workers", "root_path", "trusted_proxies", "ssl_certfile", "ssl_keyfile",
                  "header_timeout", "max_header_bytes", "accel_redirect"),
@@ -123,6 +125,15 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
         "connections, e.g. 64M (default; 0: never)")
     add("--fill-connections", type=int, help="concurrent Range requests of one large fill (default 8)")
     add("--fill-window", help="bytes of one Range request of a parallel fill, e.g. 32M (default)")
+    add("--fill-hedges", type=int, help="lagging windows of one parallel fill asked again on a fresh connection, "
+        "at most (default 4; 0: never)")
+    add("--fill-hedge-after", type=float, help="seconds over which a window's rate is judged against the others' "
+        "(default 2): under 1/8 of their median, or nothing, and it is hedged")
+    add("--sparse-fill-threshold", help="a Range on a file of at least this size fetches only its windows, kept "
+        "in a sparse partial file, e.g. 1G (default; 0: never)")
+    add("--sparse-read-ahead", help="bytes fetched past a Range of a sparse fill, e.g. 32M (default)")
+    add("--sparse-complete-share", type=float, help="share of a sparse file held that has the rest fetched "
+        "(default 0.5)")
     add("--upstream-rate", help="upstream bandwidth cap shared by every fill, bytes/s, e.g. 100M (default 0: none)")
     add("--sync-rate", help="upstream bandwidth cap of the sync command, e.g. 20M (default 0: --upstream-rate)")
     add("--sync-hours", help="local hours when --sync-rate applies, e.g. 08-18 (default: always)")

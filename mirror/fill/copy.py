@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import threading
 import time
@@ -165,7 +166,8 @@ def resume_offset(fd: int, size: int, hasher: BlobHasher, chunk_size: int, parti
     prefix = read_prefix(partial) if partial is not None else None
     if prefix is not None:
         existing = min(existing, prefix)
-        os.ftruncate(fd, existing)
+        if read_windows(partial, fd) is None:  # type: ignore[arg-type]
+            os.ftruncate(fd, existing)  # windows beyond the prefix are fetched again; a map keeps them (sparse)
         prefix_path(partial).unlink(missing_ok=True)  # type: ignore[arg-type]
     if existing > size:
         os.ftruncate(fd, 0)
@@ -210,3 +212,34 @@ def on_disk_prefix(partial: Path) -> int:
     size = os.stat(partial).st_size
     prefix = read_prefix(partial)
     return size if prefix is None else min(size, prefix)
+
+
+# --- the windows map of a sparse partial file ------------------------------------------------------------------------
+# A ranged read of a large file fetches only its windows (mirror.fill.windows): the partial file is sparse, and
+# ``<partial>.windows`` says which bytes it holds beyond the contiguous prefix: the window size, the partial file's
+# inode (a map outliving its file, or a file made again, is ignored) and ``[start, done]`` of every window begun.
+# Written after the bytes it lists, replaced atomically, removed with the partial file (commit, integrity failure).
+
+
+def windows_path(partial: Path) -> Path:
+    return partial.with_name(partial.name + ".windows")
+
+
+def write_windows(partial: Path, fd: int, window: int, held: list[tuple[int, int]]) -> None:
+    path = windows_path(partial)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"window": window, "inode": os.fstat(fd).st_ino, "held": held}))
+    os.replace(tmp, path)
+
+
+def read_windows(partial: Path, fd: int) -> tuple[int, list[tuple[int, int]]] | None:
+    """``(window size, held spans)`` of the partial file open at ``fd``; ``None``: no map, or not this file's."""
+    try:
+        data = json.loads(windows_path(partial).read_text())
+        window, inode, held = int(data["window"]), int(data["inode"]), [(int(a), int(b)) for a, b in data["held"]]
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+    stat = os.fstat(fd)
+    if inode != stat.st_ino or any(b > stat.st_size for _, b in held):
+        return None
+    return window, held

@@ -11,7 +11,7 @@ import logging
 import os
 
 from mirror.errors import IntegrityError
-from mirror.fill.copy import Hashing, Span, copy, prefix_path, resume_offset
+from mirror.fill.copy import Hashing, Span, copy, prefix_path, resume_offset, windows_path
 from mirror.fill.resume import SignedUrl, fetch
 from mirror.fill.state import Fill
 from mirror.fill.threads import FillThreads
@@ -47,7 +47,9 @@ async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metri
         else:
             windows = WindowedFill(fill, fd, hasher, offset, upstream, metrics, threads,
                                    connections=settings.fill_connections, window=settings.fill_window,
-                                   chunk_size=chunk_size, url=url)
+                                   chunk_size=chunk_size, url=url, hedges=settings.fill_hedges,
+                                   hedge_after=settings.fill_hedge_after, read_ahead=settings.sparse_read_ahead,
+                                   complete_share=settings.sparse_complete_share)
             try:
                 await windows.run()
                 offset = spec.size
@@ -55,6 +57,7 @@ async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metri
                 offset = windows.hashed  # every worker has stopped: the file is cut back to the hashed prefix
                 await asyncio.to_thread(os.ftruncate, fd, offset)
                 prefix_path(partial).unlink(missing_ok=True)  # contiguous again (a failure keeps it: see resume)
+                windows_path(partial).unlink(missing_ok=True)
                 fill.advance(offset)
                 log.info("upstream ignores Range for %s: one stream from byte %d", spec.path, offset)
         stream = Span(offset, spec.size, offset, bounded=False)
@@ -70,11 +73,13 @@ async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metri
             os.ftruncate(fd, 0)
             partial.unlink(missing_ok=True)
             prefix_path(partial).unlink(missing_ok=True)
+            windows_path(partial).unlink(missing_ok=True)
             raise IntegrityError(f"{spec.repo.key} {spec.path}: content does not match etag {spec.etag}")
         fill.verify()
     finally:
         os.close(fd)
     committed = await store.commit(spec.etag, partial)
     prefix_path(partial).unlink(missing_ok=True)  # after the partial file became the blob: see copy.prefix_path
+    windows_path(partial).unlink(missing_ok=True)
     fill.finish(committed)
     log.info("committed %s %s (%d bytes) as %s", spec.repo.key, spec.path, spec.size, spec.etag)

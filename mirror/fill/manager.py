@@ -29,7 +29,7 @@ from mirror.fill.download import download
 from mirror.fill.peer import Follower, PeerCopy
 from mirror.fill.state import Fill, FillSpec
 from mirror.fill.threads import FillThreads
-from mirror.fill.windows import in_windows
+from mirror.fill.windows import FillPaused, in_windows
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobStore, PeerAddress
 from mirror.upstream import UpstreamClient
@@ -92,22 +92,33 @@ class FillManager:
             return None
         return await self.start(spec)
 
-    async def start(self, spec: FillSpec) -> Fill | None:
+    async def start(self, spec: FillSpec, reading: tuple[int, int] | None = None) -> Fill | None:
         """Join or start the fill of ``spec.etag``; ``None`` when the blob is already on this node's disk.
 
+        ``reading``: the bytes (``start``, ``end`` inclusive) the caller reads; a Range on a large file makes a sparse
+        fill (only the windows read, :mod:`mirror.fill.windows`); ``None`` or the whole file: every byte.
         A blob committed in a remote store but not on this disk is a fill too: readers follow its copy.
         """
         fill = self._fills.get(spec.etag)
         if fill is not None:
+            if not self._ranged(spec, reading):
+                fill.wants_whole()
             return fill
         if self.store.cached_path(spec.etag) is not None:
             return None
         fill = Fill(spec, self.store.partial_path(spec.etag))
         if in_windows(self.upstream.settings, spec.size):
             fill.windowed = None  # windows, if this process leads the fill (known once it holds the lease)
+            fill.sparse = self._ranged(spec, reading)
         self._fills[spec.etag] = fill
         fill.task = asyncio.create_task(self._drive(fill), name=f"fill:{spec.etag[:12]}")
         return fill
+
+    def _ranged(self, spec: FillSpec, reading: tuple[int, int] | None) -> bool:
+        """Whether a read of ``reading`` is a Range of a file large enough to be filled sparse."""
+        threshold = getattr(self.upstream.settings, "sparse_fill_threshold", 0)
+        return bool(reading is not None and threshold and spec.size >= threshold
+                    and (reading[0] > 0 or reading[1] < spec.size - 1))
 
     async def fetch(self, spec: FillSpec) -> Path:
         """Make sure the blob is committed (sync and prefetch use this); returns its local path."""
@@ -206,6 +217,10 @@ class FillManager:
             self.metrics.fills.labels(result="ok").inc()
             for callback in self.on_commit:
                 callback(spec)
+        except FillPaused as exc:
+            log.info("sparse fill paused: %s", exc)
+            fill.finish(None, UpstreamUnavailable(f"the sparse fill paused ({exc}); it resumes on the next request"))
+            self.metrics.fills.labels(result="paused").inc()
         except asyncio.CancelledError:
             fill.finish(None, UpstreamUnavailable("the fill was cancelled; it resumes on the next request"))
             self.metrics.fills.labels(result="cancelled").inc()

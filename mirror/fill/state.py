@@ -52,6 +52,10 @@ class Fill:
         self.run_end: Callable[[int], int] | None = None
         self.want: Callable[[int], None] | None = None
         self.wanted: set[int] = set()
+        # Sparse (mirror.fill.windows): only the windows readers ask for (and a read-ahead) are fetched, the rest once
+        # the whole file is wanted (``complete_all``, set while the windows run) or by the completion policy.
+        self.sparse = False
+        self.complete_all: Callable[[], None] | None = None
         self._progress = asyncio.Event()
 
     @property
@@ -93,6 +97,17 @@ class Fill:
         """The store's progress report while it copies a committed blob onto this node's disk."""
         self.source = file
         self.advance(written)
+
+    def wants_whole(self) -> None:
+        """Someone wants the whole file (a full download, the sync): a sparse fill fetches every window now."""
+        if self.sparse:
+            self.sparse = False
+            if self.complete_all is not None:
+                self.complete_all()
+
+    def holds(self, start: int, end: int) -> bool:
+        """Whether bytes ``start..end`` (inclusive) are on disk already."""
+        return self.readable_at(start) > end
 
     def progress(self) -> None:
         """Bytes were written somewhere past the contiguous prefix (a window ahead of it)."""

@@ -19,23 +19,38 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
+import statistics
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from mirror.config import Settings
 from mirror.errors import UpstreamUnavailable
-from mirror.fill.copy import Span, copy, write_prefix
+from mirror.fill.copy import Span, copy, read_windows, write_prefix, write_windows
 from mirror.fill.resume import SignedUrl, fetch
 from mirror.fill.state import Fill
-from mirror.fill.threads import FillThreads, in_thread
+from mirror.fill.threads import FillThreads, in_thread, settle
 from mirror.integrity import BlobHasher
 from mirror.metrics import Metrics
 from mirror.upstream import FileBody, RangeIgnored, UpstreamClient
 
 _REPORT_BYTES = 4 * 1024 * 1024  # a window's bytes reach readers at least every this many bytes (or copy's 10 ms)
 _PREFIX_FILE_SECONDS = 0.05  # the prefix file (cross-process followers, resume) is rewritten at most this often
+_WATCH_SECONDS = 0.2  # how often the windows in flight are sampled for a laggard
+_HEDGE_SLOWER = 8  # a window this many times slower than the median of the others is asked again
+_FINISHED_RATES = 8  # the rates of the last windows finished, compared with too (a tail window has no peers left)
+_WINDOWS_FILE_SECONDS = 0.2  # the windows map (sparse partial files) is rewritten at most this often
+_SPARSE_LINGER = 2.0  # a sparse fill with no reader and nothing asked pauses after this many seconds
+
+
+class FillPaused(Exception):
+    """A sparse fill stopped with the windows its readers asked for on disk (and in its windows map); the next
+    read or a full download resumes it."""
+
+log = logging.getLogger("hf_mirror.fill")
 
 
 def in_windows(settings: Settings, size: int) -> bool:
@@ -47,6 +62,20 @@ def in_windows(settings: Settings, size: int) -> bool:
 @dataclass
 class Window(Span):
     started: bool = False  # a worker has taken it
+    began: float = 0.0  # when a worker took it (monotonic)
+    lagging: asyncio.Event = field(default_factory=asyncio.Event)  # the watchdog asks for a hedge
+    samples: deque[tuple[float, int]] = field(default_factory=deque)  # (when, done) of the last seconds
+
+
+class _Both:
+    """Counts into two counters: the upstream bytes, and the share of them a hedge fetched."""
+
+    def __init__(self, *counters: object) -> None:
+        self.counters = counters
+
+    def inc(self, amount: float = 1) -> None:
+        for counter in self.counters:
+            counter.inc(amount)  # type: ignore[attr-defined]
 
 
 class WindowedFill:
@@ -54,47 +83,108 @@ class WindowedFill:
 
     def __init__(self, fill: Fill, fd: int, hasher: BlobHasher, offset: int, upstream: UpstreamClient,
                  metrics: Metrics, threads: FillThreads, *, connections: int, window: int, chunk_size: int,
-                 url: SignedUrl) -> None:
+                 url: SignedUrl, hedges: int = 0, hedge_after: float = 2.0, read_ahead: int = 0,
+                 complete_share: float = 1.0) -> None:
         self.fill, self.fd, self.hasher, self.upstream, self.metrics = fill, fd, hasher, upstream, metrics
         self.threads = threads
         self.size = fill.spec.size
         self.connections = connections
         self.chunk_size = chunk_size
         self.url = url  # the newest signed URL any window got, shared with the single stream after a fallback
-        self.windows = [Window(s, min(s + window, self.size), s) for s in range(offset, self.size, window)]
-        self.base, self.window_size = offset, window
+        # Windows are aligned on multiples of ``window`` (a sparse file's held windows keep their places); the first
+        # one begins where the prefix stands.
+        self.base, self.window_size = offset - offset % window, window
+        self.windows = [Window(s, min(s + window, self.size), max(s, offset))
+                        for s in range(self.base, self.size, window)]
+        self.read_ahead = read_ahead  # sparse: bytes past a wanted position fetched with it
+        self.complete_share = complete_share  # sparse: the share of the file held that has the rest fetched too
+        self._windows_written_at = 0.0
+        self._held_from_map(offset)
         self._wanted: set[int] = set()  # windows a reader waits for, taken before the next in order
         self.contiguous = offset  # bytes on disk without a hole
         self.hashed = offset  # bytes hashed, in order
         self._next = 0
         self._more = asyncio.Event()  # the contiguous prefix grew
         self._prefix_written_at = 0.0
+        self.hedges_left = hedges  # hedged requests this fill may still make (fill_hedges)
+        self.hedge_after = hedge_after  # seconds of a window's rate judged at once (fill_hedge_after)
+        self._finished_rates: deque[float] = deque(maxlen=_FINISHED_RATES)
+        self._asked = asyncio.Event()  # a window was wanted, or the whole file asked for (idle sparse workers wake)
+
+    def _held_from_map(self, offset: int) -> None:
+        """Take the windows a previous (sparse) fill left on disk, as its windows map lists them."""
+        held = read_windows(self.fill.partial, self.fd)
+        if held is None or held[0] != self.window_size:
+            return
+        for start, done in held[1]:
+            if start % self.window_size == 0 and start >= self.base:
+                window = self.windows[(start - self.base) // self.window_size]
+                window.done = max(window.done, min(done, window.end))
+                window.started = window.complete
+        contiguous = self._contiguous_from(offset)
+        self.contiguous = contiguous
+        self.fill.advance(contiguous)
+
+    def _contiguous_from(self, contiguous: int) -> int:
+        for candidate in self.windows:
+            if candidate.end <= contiguous:
+                continue
+            if candidate.start > contiguous:
+                break
+            contiguous = max(contiguous, candidate.done)
+            if not candidate.complete:
+                break
+        return contiguous
+
+    def held(self) -> int:
+        return sum(w.done - w.start for w in self.windows)
+
+    def _write_map(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._windows_written_at >= _WINDOWS_FILE_SECONDS:
+            self._windows_written_at = now
+            write_windows(self.fill.partial, self.fd, self.window_size,
+                          [(w.start, w.done) for w in self.windows if w.done > w.start])
+
+    def complete_all(self) -> None:
+        """The whole file is wanted now (a full download, the sync, or the share policy): fetch every window."""
+        self.fill.sparse = False
+        self._asked.set()
 
     async def run(self) -> None:
         """Fetch every window and hash the file; raises the first failure (every worker stopped by then)."""
         write_prefix(self.fill.partial, self.contiguous)
         fill = self.fill
         fill.run_end, fill.want, fill.windowed = self.run_end, self.want, True
+        fill.complete_all = self.complete_all
         for offset in fill.wanted:  # asked before the windows began
             self.want(offset)
         fill.wanted.clear()
         loop = asyncio.get_running_loop()
         workers = [loop.create_task(self._worker()) for _ in range(min(self.connections, len(self.windows)))]
         hashing = loop.create_task(self._hash())
-        tasks = [*workers, hashing]
+        linger = loop.create_task(self._linger())
+        tasks = [*workers, hashing, linger]
+        if self.hedges_left > 0:
+            tasks.append(loop.create_task(self._watch()))
         try:
-            done, _ = await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                if task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+            waiting: set[asyncio.Task[None]] = {*workers, linger}
+            while waiting & set(workers):
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
             await hashing
         except RangeIgnored:
             fill.run_end, fill.want, fill.windowed = None, None, False  # one stream from the hashed prefix now
             raise
         finally:
+            fill.complete_all = None
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks)
+            if any(w.done > w.start for w in self.windows if w.start >= self.contiguous):
+                self._write_map(force=True)  # windows beyond the prefix stay for the next fill
 
     # --- windows -------------------------------------------------------------------------------------------------
 
@@ -115,48 +205,160 @@ class WindowedFill:
     def want(self, position: int) -> None:
         """A reader waits for ``position``: its window goes next if no worker has taken it."""
         if position >= self.base:
-            index = (position - self.base) // self.window_size
-            if index < len(self.windows) and not self.windows[index].started:
-                self._wanted.add(index)
+            last = position + (self.read_ahead if self.fill.sparse else 0)
+            first = (position - self.base) // self.window_size
+            for index in range(first, min((last - self.base) // self.window_size + 1, len(self.windows))):
+                if not self.windows[index].started:
+                    self._wanted.add(index)
+                    self._asked.set()
 
     def _take(self) -> Window | None:
         while self._wanted:
             index = min(self._wanted)
             self._wanted.discard(index)
             if not self.windows[index].started:
-                self.windows[index].started = True
-                return self.windows[index]
-        while self._next < len(self.windows):
+                return self._began(self.windows[index])
+        while self._next < len(self.windows) and not self.fill.sparse:
             window = self.windows[self._next]
             self._next += 1
             if not window.started:
-                window.started = True
-                return window
+                return self._began(window)
         return None
 
+    @staticmethod
+    def _began(window: Window) -> Window:
+        window.started, window.began = True, time.monotonic()
+        return window
+
     async def _worker(self) -> None:
-        while (window := self._take()) is not None:
+        while True:
+            window = self._take()
+            if window is None:
+                if not self.fill.sparse:
+                    return
+                self._asked.clear()  # sparse: wait for a reader's window (or the whole file)
+                await self._asked.wait()
+                continue
             await self._fetch(window)
+            self._finished_rates.append((window.end - window.start) / max(time.monotonic() - window.began, 1e-3))
+
+    async def _linger(self) -> None:
+        """A sparse fill with no reader, no window in flight and none asked for pauses (:class:`FillPaused`) after
+        ``_SPARSE_LINGER`` seconds: its windows stay on disk, listed in the windows map."""
+        idle_since: float | None = None
+        while True:
+            await asyncio.sleep(_SPARSE_LINGER / 4)
+            busy = any(w.started and not w.complete for w in self.windows) or self._wanted
+            if not self.fill.sparse or self.fill.readers > 0 or busy:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= _SPARSE_LINGER:
+                raise FillPaused(f"{self.fill.spec.path}: {self.held()} of {self.size} bytes held (sparse)")
 
     async def _fetch(self, window: Window) -> None:
-        async def copy_window(file: FileBody) -> None:
-            await copy(file.body, self.fd, window, self.threads.windows, counter=self.metrics.bytes_fetched,
-                       block_size=_REPORT_BYTES, on_progress=functools.partial(self._advanced, window),
-                       rate=file.rate)
+        """Fetch ``window`` on one connection; when the watchdog finds it lagging, race a hedge against it."""
+        loop = asyncio.get_running_loop()
+        current = loop.create_task(self._stream(window, window))
+        try:
+            while True:
+                asked = loop.create_task(window.lagging.wait())
+                try:
+                    await asyncio.wait({current, asked}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    asked.cancel()
+                if current.done():
+                    current.result()
+                    return
+                window.lagging.clear()
+                current = await self._hedge(window, current)
+        finally:
+            if not current.done():
+                current.cancel()
+            await settle(current)
 
-        await fetch(self.upstream, self.fill.spec, window, self.url, copy_window)
+    async def _hedge(self, window: Window, laggard: asyncio.Task[None]) -> asyncio.Task[None]:
+        """Ask the rest of ``window`` again on a fresh connection, from where it stands; the first to deliver wins.
+
+        The hedge wins with its first bytes (the laggard is cancelled; the bytes it wrote meanwhile are the same
+        ones, at the same offsets), the laggard if it completes the window before. Returns the winner's task."""
+        loop = asyncio.get_running_loop()
+        start = window.done  # never past what the laggard wrote: the window stays without a hole
+        log.info("window %d-%d of %s lags at %d: hedged on a fresh connection", window.start, window.end,
+                 self.fill.spec.path, start)
+        delivered = asyncio.Event()
+        hedge = loop.create_task(self._stream(window, Span(start, window.end, start), delivered))
+        first = loop.create_task(delivered.wait())
+        try:
+            await asyncio.wait({laggard, hedge, first}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            first.cancel()
+        if laggard.done() and not laggard.cancelled() and laggard.exception() is None:
+            loser, winner = hedge, laggard  # the laggard completed the window first
+        elif hedge.done() and not delivered.is_set() and (hedge.cancelled() or hedge.exception() is not None):
+            log.info("the hedge of window %d-%d failed: %s", window.start, window.end,
+                     "cancelled" if hedge.cancelled() else hedge.exception())
+            return laggard
+        else:
+            loser, winner = laggard, hedge
+        loser.cancel()
+        await settle(loser)
+        return winner
+
+    async def _stream(self, window: Window, span: Span, delivered: asyncio.Event | None = None) -> None:
+        """Fetch ``span`` (the window itself, or a hedge's rest of it), its progress the window's."""
+        counter = self.metrics.bytes_fetched
+        if delivered is not None:
+            counter = _Both(counter, self.metrics.fill_hedge_bytes)  # type: ignore[assignment]
+
+        def progress(offset: int) -> None:
+            if delivered is not None:
+                delivered.set()
+            self._advanced(window, offset)
+
+        async def copy_span(file: FileBody) -> None:
+            await copy(file.body, self.fd, span, self.threads.windows, counter=counter, block_size=_REPORT_BYTES,
+                       on_progress=progress, rate=file.rate)
+
+        await fetch(self.upstream, self.fill.spec, span, self.url, copy_span)
+
+    # --- the watchdog --------------------------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        """Find a window in flight whose rate over the last ``hedge_after`` seconds fell below 1/``_HEDGE_SLOWER``
+        of the median of the others (those in flight and the last ones finished), or that brought nothing in that
+        time, and ask for its hedge; at most ``hedges_left`` times in the fill."""
+        while self.hedges_left > 0:
+            await asyncio.sleep(_WATCH_SECONDS)
+            now = time.monotonic()
+            rates: dict[int, float] = {}
+            for index, window in enumerate(self.windows):
+                if not window.started or window.complete:
+                    continue
+                samples = window.samples
+                samples.append((now, window.done))
+                while len(samples) > 1 and now - samples[1][0] >= self.hedge_after:
+                    samples.popleft()
+                when, done = samples[0]
+                if now - when >= self.hedge_after * 0.99 and not window.lagging.is_set():
+                    rates[index] = (window.done - done) / (now - when)
+            for index, rate in rates.items():
+                others = [r for i, r in rates.items() if i != index] + list(self._finished_rates)
+                slow = bool(others) and rate * _HEDGE_SLOWER < statistics.median(others)
+                if (rate == 0 or slow) and self.hedges_left > 0:
+                    window = self.windows[index]
+                    self.hedges_left -= 1
+                    self.metrics.fill_hedges.inc()
+                    window.samples.clear()  # the hedge is judged afresh
+                    window.lagging.set()
 
     def _advanced(self, window: Window, offset: int) -> None:
         window.done = max(window.done, offset)
-        contiguous = self.contiguous
-        for candidate in self.windows:
-            if candidate.end <= contiguous:
-                continue
-            if candidate.start > contiguous:
-                break
-            contiguous = candidate.done
-            if not candidate.complete:
-                break
+        if window.complete and window.start >= self.contiguous:
+            self._write_map()  # a window held beyond the prefix: listed for the next fill (sparse, resume)
+            if self.fill.sparse and self.held() >= self.complete_share * self.size:
+                self.complete_all()  # the completion policy: most of the file is here, fetch the rest
+        contiguous = self._contiguous_from(self.contiguous)
         if contiguous > self.contiguous:
             self.contiguous = contiguous
             now = time.monotonic()

@@ -216,7 +216,7 @@ class FileService(ServiceCore):
             log.warning("no disk room for %s %s (%d bytes): relaying it without storing it", resolved.repo.key,
                         entry.path, entry.size)
             return Relay(resolved, caller.token, start, end, _STALE if stale else _PASSTHROUGH)
-        fill = await self.fills.start(spec)
+        fill = await self.fills.start(spec, reading=(start, end))
         if fill is None:  # on this disk meanwhile
             path = self.store.cached_path(entry.etag)
             if path is not None:
@@ -230,7 +230,10 @@ class FileService(ServiceCore):
             if await fill.decided(_DECISION_WAIT) is not True:
                 return Relay(resolved, caller.token, start, end, _STALE if stale else _MISS)
         # A fill already verified (its commit's fsync still running) needs nothing more from upstream: a hit.
-        return Filling(fill, _STALE if stale else _HIT if fill.verified else _MISS)
+        if fill.sparse and not fill.holds(start, end):
+            await fill.decided(_DECISION_WAIT)  # a sparse fill knows the windows its file holds once they begin
+        held = fill.verified or fill.holds(start, end)  # a sparse file's windows held already are hits too
+        return Filling(fill, _STALE if stale else _HIT if held else _MISS)
 
     async def admit_lfs_file(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int,
                              caller: Caller) -> None:

@@ -5,6 +5,7 @@ against the emulator."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import httpx
 import pytest
 
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
-from tests.support.mirror_proc import MirrorProcess, blob, download, run_client, wait_for
+from tests.support.mirror_proc import MirrorProcess, blob, download, metric, run_client, wait_for
 
 BIG = "acme/big-data"
 BIG_URL = f"/datasets/{BIG}/resolve/main/big.bin"
@@ -190,3 +191,57 @@ def test_upstream_rate_bounds_every_fill(emu: EmulatorHandle, tmp_path: Path) ->
         status, sha, _, total = asyncio.run(download(mirror.url + BIG_URL))
     assert status == 200 and sha == big_sha(emu)
     assert total >= SIZE / (16 * MIB) * 0.8  # ~1.25 s at 16 MiB/s, whatever the windows
+
+
+def test_a_window_crawling_at_one_percent_is_hedged(emu: EmulatorHandle, tmp_path: Path) -> None:
+    """Issue 28 item 2: the first window's first connection crawls at 1 % of the others' rate (a stalled tail: the
+    file's hash waits for it, so every reader would). The mirror asks the rest of that window again on a fresh
+    connection, the crawling one is cut, and the download ends byte-correct, each reader read going on: a client
+    whose every read waits at most 30 s (httpx's read timeout) gets the whole file."""
+    emu.set_faults(throttle_bps=4 * MIB, slow_start=0, slow_bps=40 * 1024)  # 4 MiB at 1 %: 100 s unhedged
+    cache = tmp_path / "cache"
+    with MirrorProcess(emu.url, cache, *PARALLEL, "--fill-hedge-after", "0.5") as mirror:
+        digest = hashlib.sha256()
+        with httpx.stream("GET", mirror.url + BIG_URL, timeout=httpx.Timeout(30.0)) as response:
+            for chunk in response.iter_raw():
+                digest.update(chunk)
+        assert response.status_code == 200 and digest.hexdigest() == big_sha(emu)
+        wait_for(lambda: blob(cache, big_sha(emu)).exists())
+        assert metric(mirror, "hf_mirror_fill_hedges_total") == 1
+        hedge_bytes = metric(mirror, "hf_mirror_fill_hedge_bytes_total")
+    assert emu.stats()["counts"]["slow_bodies"] == 1
+    first_window = [r for r in ranges(cdn_gets(emu)) if r[1] == WINDOW]
+    assert len(first_window) == 2 and first_window[0][0] == 0  # the crawling request, and its hedge from where it
+    assert hedge_bytes == WINDOW - first_window[1][0]  # stood (the hedge's bytes are counted)
+    assert emu.stats()["bytes_served"] <= SIZE + hedge_bytes  # nothing else fetched twice
+
+
+def test_ranged_reads_fetch_their_windows_and_keep_them(emu: EmulatorHandle, tmp_path: Path) -> None:
+    """Issue 28 item 1: a Range on a large file that is not stored fetches only the window it covers (read-ahead
+    1 MiB: still that window), counted at the emulator; the window is kept in the sparse partial file, so the same
+    read is a hit, in this process and in another one on the same cache; a full download then fetches only the
+    rest, and the blob is verified whole and committed."""
+    cache = tmp_path / "cache"
+    sparse = (*PARALLEL, "--sparse-fill-threshold", "16MiB", "--sparse-read-ahead", "1MiB")
+    data = emu.files.file_bytes("dataset", BIG, "main", "big.bin")
+    start, end = 9 * MIB, 10 * MIB - 1
+    read = {"range": f"bytes={start}-{end}"}
+    with MirrorProcess(emu.url, cache, *sparse) as mirror:
+        first = httpx.get(mirror.url + BIG_URL, headers=read, timeout=30)
+        assert first.status_code == 206 and first.content == data[start:end + 1]
+        assert first.headers["x-mirror-cache"] == "miss"
+        assert ranges(cdn_gets(emu)) == [(2 * WINDOW, 3 * WINDOW)]  # its window only
+        again = httpx.get(mirror.url + BIG_URL, headers=read, timeout=30)
+        assert again.content == data[start:end + 1] and again.headers["x-mirror-cache"] == "hit"
+        assert len(cdn_gets(emu)) == 1
+    assert not blob(cache, big_sha(emu)).exists()
+    with MirrorProcess(emu.url, cache, *sparse) as mirror:  # another process, the same disk
+        other = httpx.get(mirror.url + BIG_URL, headers=read, timeout=30)
+        assert other.content == data[start:end + 1] and other.headers["x-mirror-cache"] == "hit"
+        assert len(cdn_gets(emu)) == 1
+        status, sha, _, _ = asyncio.run(download(mirror.url + BIG_URL))
+        assert status == 200 and sha == big_sha(emu)
+        wait_for(lambda: blob(cache, big_sha(emu)).exists())
+    rest = [(i * WINDOW, (i + 1) * WINDOW) for i in (0, 1, 3, 4)]
+    assert ranges(cdn_gets(emu)) == sorted([(2 * WINDOW, 3 * WINDOW), *rest])  # each byte from upstream once
+    assert emu.stats()["bytes_served"] == SIZE

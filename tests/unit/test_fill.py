@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -20,7 +21,8 @@ from mirror import hf
 from mirror.errors import IntegrityError, UpstreamUnavailable
 from mirror.fill import Fill, FillManager, FillSpec
 from mirror.fill import resume as resume_module
-from mirror.fill.copy import prefix_path
+from mirror.fill import windows as windows_module
+from mirror.fill.copy import prefix_path, windows_path
 from mirror.metrics import Metrics
 from mirror.storage.local import LocalBlobStore
 from mirror.upstream import FileBody, RangeIgnored, UrlExpired
@@ -46,8 +48,10 @@ class FakeBody:
     """A body of ``data`` read by the fill's thread; it may drop after ``drop_after`` bytes or stall there until the
     fill aborts it."""
 
-    def __init__(self, data: bytes, *, drop_after: int | None = None, stall_after: int | None = None) -> None:
+    def __init__(self, data: bytes, *, drop_after: int | None = None, stall_after: int | None = None,
+                 crawl: float = 0.0) -> None:
         self.data = data
+        self.crawl = crawl  # seconds each read waits (a connection that crawls), cut short by abort
         self.position = 0
         self.drop_after = drop_after
         self.stall_after = stall_after
@@ -61,7 +65,9 @@ class FakeBody:
             self.stalled.set()
             self.aborted.wait(30)  # a blocked socket read, until abort shuts the socket
             raise UpstreamUnavailable("upstream read failed: aborted (fake)")
-        limit = min(size, PIECE)
+        if self.crawl and self.aborted.wait(self.crawl):
+            raise UpstreamUnavailable("upstream read failed: aborted (fake)")
+        limit = min(size, PIECE if not self.crawl else KIB)
         for mark in (self.drop_after, self.stall_after):
             if mark is not None:
                 limit = min(limit, mark - self.position)
@@ -94,11 +100,15 @@ def whole(request: Request, data: bytes) -> tuple[FakeBody, str | None]:
 class FakeUpstream:
     """What the fill calls of :class:`~mirror.upstream.UpstreamClient`: ``settings`` and ``open_file``."""
 
-    def __init__(self, content: bytes, answer: Answer = whole, *, windows: int = 0, connections: int = 3) -> None:
+    def __init__(self, content: bytes, answer: Answer = whole, *, windows: int = 0, connections: int = 3,
+                 hedges: int = 0, hedge_after: float = 0.2, sparse: int = 0, read_ahead: int = 0,
+                 complete_share: float = 1.0) -> None:
         self.content = content
         self.answer = answer
         self.settings = SimpleNamespace(parallel_fill_threshold=1 if windows else 0, fill_connections=connections,
-                                        fill_window=windows or 1)
+                                        fill_window=windows or 1, fill_hedges=hedges, fill_hedge_after=hedge_after,
+                                        sparse_fill_threshold=sparse, sparse_read_ahead=read_ahead,
+                                        sparse_complete_share=complete_share)
         self.requests: list[Request] = []
         self.bodies: list[FakeBody] = []
 
@@ -297,3 +307,170 @@ async def test_an_upstream_ignoring_ranges_gets_one_stream_instead(tmp_path: Pat
         path = await manager.fetch(spec_of(content))
     assert path.read_bytes() == content
     assert upstream.requests[-1] == Request(0, None, None)
+
+
+# --- hedged windows ---------------------------------------------------------------------------------------------------
+
+
+def hedged(metrics: Metrics) -> tuple[float | None, float | None]:
+    return (metrics.registry.get_sample_value("hf_mirror_fill_hedges_total"),
+            metrics.registry.get_sample_value("hf_mirror_fill_hedge_bytes_total"))
+
+
+async def test_a_window_that_stops_is_hedged_from_where_it_stands(tmp_path: Path) -> None:
+    """The second window's first connection stops after 10 KiB (a read that blocks until aborted): the watchdog
+    asks its rest again on a fresh connection, the hedge's first bytes win, the stopped one is cancelled (its read
+    aborted), and the file is whole."""
+    window = 64 * KIB
+    content = content_of(4 * window)
+    stalled: list[FakeBody] = []
+
+    def answer(request: Request, data: bytes) -> tuple[FakeBody, str | None]:
+        if request.start == window and not stalled:
+            stalled.append(FakeBody(data, stall_after=10 * KIB))
+            return stalled[0], None
+        return FakeBody(data), None
+
+    upstream = FakeUpstream(content, answer, windows=window, connections=4, hedges=2)
+    metrics = Metrics()
+    async with fill_manager(tmp_path, upstream, metrics) as manager:
+        path = await manager.fetch(spec_of(content))
+    assert path.read_bytes() == content
+    assert stalled[0].aborted.is_set()  # the laggard was cancelled, its socket read cut
+    hedge = [r for r in upstream.requests if window < r.start <= window + 10 * KIB or r.start == window][1:]
+    assert len(hedge) == 1 and hedge[0].end == 2 * window  # one hedge, from where the window stood to its end
+    count, hedge_bytes = hedged(metrics)
+    assert count == 1 and hedge_bytes == 2 * window - hedge[0].start
+    total = metrics.registry.get_sample_value("hf_mirror_upstream_bytes_total")
+    assert total is not None and total <= len(content) + hedge_bytes
+
+
+async def test_a_window_that_crawls_is_hedged_and_a_reader_there_gets_its_bytes(tmp_path: Path) -> None:
+    """The first window crawls (1 KiB per 50 ms) while the others run at full speed: it is hedged on its rate
+    against theirs, and a reader waiting in it is answered by the hedge."""
+    window = 256 * KIB
+    content = content_of(4 * window)
+    crawling: list[FakeBody] = []
+
+    def answer(request: Request, data: bytes) -> tuple[FakeBody, str | None]:
+        if request.start == 0 and not crawling:
+            crawling.append(FakeBody(data, crawl=0.05))
+            return crawling[0], None
+        return FakeBody(data), None
+
+    upstream = FakeUpstream(content, answer, windows=window, connections=4, hedges=1)
+    metrics = Metrics()
+    async with fill_manager(tmp_path, upstream, metrics) as manager:
+        spec = spec_of(content)
+        fill = await manager.start(spec)
+        assert fill is not None
+        await asyncio.wait_for(written_at_least_end(fill, window), 20)  # event-based: the hedge's bytes arrive
+        path = await manager.fetch(spec)
+    assert path.read_bytes() == content
+    assert crawling[0].aborted.is_set()
+    assert hedged(metrics)[0] == 1
+    assert [r.start for r in upstream.requests].count(0) == 1  # the hedge asked from where the window stood
+    assert any(0 < r.start < window and r.end == window for r in upstream.requests)
+
+
+async def written_at_least_end(fill: Fill, offset: int) -> None:
+    while fill.written < offset and not fill.finished:
+        await fill.changed()
+
+
+async def test_no_hedge_without_a_budget(tmp_path: Path) -> None:
+    """``fill_hedges`` 0: a crawling window is left to finish on its own connection."""
+    window = 64 * KIB
+    content = content_of(2 * window)
+
+    def answer(request: Request, data: bytes) -> tuple[FakeBody, str | None]:
+        return FakeBody(data, crawl=0.002 if request.start == 0 else 0.0), None
+
+    upstream = FakeUpstream(content, answer, windows=window, connections=2, hedges=0)
+    metrics = Metrics()
+    async with fill_manager(tmp_path, upstream, metrics) as manager:
+        path = await manager.fetch(spec_of(content))
+    assert path.read_bytes() == content
+    assert len(upstream.requests) == 2 and hedged(metrics) == (0.0, 0.0)
+
+
+# --- sparse fills: ranged reads fetch their windows -------------------------------------------------------------------
+
+
+async def read_range(manager: FillManager, fill: Fill, start: int, end: int) -> bytes:
+    """A reader of bytes ``start..end`` (inclusive) of a fill in progress, as the routes read them."""
+    out = bytearray()
+    async with manager.reading(fill) as fd:
+        position = start
+        while position <= end:
+            readable = await FillManager.readable(fill, position)
+            size = min(readable, end + 1) - position
+            out += os.pread(fd, size, position)
+            position += size
+    return bytes(out)
+
+
+@pytest.fixture
+def short_linger(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(windows_module, "_SPARSE_LINGER", 0.1)
+
+
+async def test_ranged_reads_fetch_their_windows_and_a_full_download_the_rest(tmp_path: Path,
+                                                                               short_linger: None) -> None:
+    """A Range of a large file fetches its window and the read-ahead (one window), nothing else; the fill pauses
+    once its reader left, its windows kept (the map); a second read of them asks upstream nothing, from a fresh
+    manager too (another process); a full download then fetches only the rest, and the blob is verified whole."""
+    window = 64 * KIB
+    content = content_of(8 * window)
+    spec = spec_of(content)
+    upstream = FakeUpstream(content, windows=window, connections=3, sparse=1, read_ahead=window)
+    start, end = 3 * window + 100, 3 * window + 5000
+    async with fill_manager(tmp_path, upstream) as manager:
+        fill = await manager.start(spec, reading=(start, end))
+        assert fill is not None and fill.sparse
+        assert await read_range(manager, fill, start, end) == content[start:end + 1]
+        assert fill.task is not None
+        await asyncio.wait_for(fill.task, 10)  # paused: no reader, nothing asked
+        assert fill.committed is None
+    assert sorted((r.start, r.end) for r in upstream.requests) == [(3 * window, 4 * window), (4 * window, 5 * window)]
+    partial = LocalBlobStore(tmp_path).partial_path(spec.etag)
+    assert windows_path(partial).exists()
+
+    upstream.requests.clear()
+    async with fill_manager(tmp_path, upstream) as manager:  # another process, the same cache
+        fill = await manager.start(spec, reading=(start, end))
+        assert fill is not None
+        assert await read_range(manager, fill, start, 5 * window - 1) == content[start:5 * window]
+        assert fill.holds(start, end)
+        assert upstream.requests == []  # a hit: nothing from upstream
+        path = await manager.fetch(spec)  # a full download: the rest
+    assert path.read_bytes() == content
+    asked = sorted((r.start, r.end) for r in upstream.requests)
+    assert asked == [(i * window, (i + 1) * window) for i in (0, 1, 2, 5, 6, 7)]
+    assert not windows_path(partial).exists() and not prefix_path(partial).exists()
+
+
+async def test_a_sparse_fill_completes_once_its_share_is_held(tmp_path: Path, short_linger: None) -> None:
+    """The completion policy: once ``sparse_complete_share`` of the file is held, the rest is fetched too."""
+    window = 64 * KIB
+    content = content_of(4 * window)
+    upstream = FakeUpstream(content, windows=window, connections=2, sparse=1, read_ahead=0, complete_share=0.5)
+    async with fill_manager(tmp_path, upstream) as manager:
+        spec = spec_of(content)
+        fill = await manager.start(spec, reading=(window, 3 * window - 1))
+        assert fill is not None
+        assert await read_range(manager, fill, window, 3 * window - 1) == content[window:3 * window]
+        assert fill.task is not None
+        await asyncio.wait_for(fill.task, 10)
+        assert fill.committed is not None and fill.committed.read_bytes() == content
+    assert sorted(r.start for r in upstream.requests) == [0, window, 2 * window, 3 * window]
+
+
+async def test_a_small_file_or_a_whole_read_is_not_sparse(tmp_path: Path) -> None:
+    window = 64 * KIB
+    content = content_of(2 * window)
+    upstream = FakeUpstream(content, windows=window, sparse=4 * window)
+    async with fill_manager(tmp_path, upstream) as manager:
+        fill = await manager.start(spec_of(content), reading=(10, 20))
+        assert fill is not None and not fill.sparse
+        await manager.fetch(spec_of(content))

@@ -68,6 +68,11 @@ class Faults:
     # response's own ``throttle_bps``.
     first_byte_s: float = 0.0
     link_bps: float = 0.0
+    # One connection that crawls (a stalled tail): the next ``slow_count`` file bodies whose range starts at byte
+    # ``slow_start`` are sent at ``slow_bps`` bytes/s (e.g. 1 % of ``throttle_bps``), in small chunks.
+    slow_start: int = -1
+    slow_bps: float = 0.0
+    slow_count: int = 1
 
 
 class Response(Exception):
@@ -141,7 +146,7 @@ class Emulator:
         except Response as answer:
             await send_response(send, method, answer.status, answer.headers, answer.body)
             return
-        await self.send_file(send, method, file, start, end, status, out)
+        await self.send_file(send, method, file, start, end, status, out, receive)
 
     def viewer(self, method: str, raw: str, query: dict[str, list[str]], headers: Headers) -> Response:
         """The dataset viewer's host (tests.support.hub_emulator.viewer)."""
@@ -191,7 +196,7 @@ class Emulator:
             raise hub_error(self.faults.burst_status, None, "emulated upstream error", extra)
 
     async def send_file(self, send: Send, method: str, file: RepoFile, start: int, end: int, status: int,
-                        headers: Headers) -> None:
+                        headers: Headers, receive: Receive | None = None) -> None:
         key = headers.pop("x-emulator-file")
         headers["content-length"] = str(end - start)
         await send({"type": "http.response.start", "status": status,
@@ -208,9 +213,28 @@ class Emulator:
         corrupt = faults.corrupt_next > 0
         if corrupt:
             faults.corrupt_next -= 1
+        rate, step = faults.throttle_bps, CHUNK
+        if faults.slow_count > 0 and faults.slow_bps and start == faults.slow_start:
+            faults.slow_count -= 1
+            rate, step = faults.slow_bps, max(4096, min(CHUNK, int(faults.slow_bps / 20)))
+            self.counts["slow_bodies"] += 1
+        # The client hanging up ends the body (uvicorn's send would take the rest silently): the bytes counted are
+        # the ones a client could have read, and a crawling body cut by a hedge stops there.
+        gone = asyncio.ensure_future(receive()) if receive is not None else None
+        try:
+            await self._send_body(send, file, start, end, rate, step, drop_at, corrupt, gone)
+        finally:
+            if gone is not None:
+                gone.cancel()
+
+    async def _send_body(self, send: Send, file: RepoFile, start: int, end: int, rate: float, step: int,
+                         drop_at: int | None, corrupt: bool, gone: asyncio.Future[Any] | None) -> None:
+        faults = self.faults
         began, sent, pos = time.monotonic(), 0, start
         while pos < end:
-            chunk = file.read(pos, min(end, pos + CHUNK))
+            if gone is not None and gone.done():
+                return
+            chunk = file.read(pos, min(end, pos + step))
             if corrupt and pos <= (start + end) // 2 < pos + len(chunk):
                 i = (start + end) // 2 - pos
                 chunk = chunk[:i] + bytes([chunk[i] ^ 0xFF]) + chunk[i + 1:]
@@ -224,8 +248,8 @@ class Emulator:
             sent += len(chunk)
             self.bytes_served += len(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": pos < end})
-            if faults.throttle_bps:
-                ahead = sent / faults.throttle_bps - (time.monotonic() - began)
+            if rate:
+                ahead = sent / rate - (time.monotonic() - began)
                 if ahead > 0:
                     await asyncio.sleep(ahead)
             if faults.link_bps:
