@@ -33,6 +33,7 @@
 
     NotCached (LookupError)          a revision, or a file of it, the cache does not know (``hf-mirror sbom``)
     AlreadyCommitted (Exception)     inside a commit's fence: another node committed the blob first (never answered)
+    FillPaused (Exception)           a sparse fill stopped with its readers' windows on disk (never answered)
 
 Routes map them to responses in one place (``mirror.hf.error_response``).
 """
@@ -236,6 +237,11 @@ class LeaseLost(MirrorError):
 
 class AlreadyCommitted(Exception):
     """Another node committed the blob first (found inside the commit's fence)."""
+
+
+class FillPaused(Exception):
+    """A sparse fill stopped with the windows its readers asked for on disk (and in its windows map); the next
+    read or a full download resumes it."""
 
 
 class NotCached(LookupError):

@@ -24,12 +24,12 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from mirror.errors import LeaseLost, MirrorError, UpstreamUnavailable
+from mirror.errors import FillPaused, LeaseLost, MirrorError, UpstreamUnavailable
 from mirror.fill.download import download
 from mirror.fill.peer import Follower, PeerCopy
 from mirror.fill.state import Fill, FillSpec
 from mirror.fill.threads import FillThreads
-from mirror.fill.windows import FillPaused, in_windows
+from mirror.fill.windows import in_windows
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobStore, PeerAddress
 from mirror.upstream import UpstreamClient

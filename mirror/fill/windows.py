@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from mirror.config import Settings
-from mirror.errors import UpstreamUnavailable
+from mirror.errors import FillPaused, UpstreamUnavailable
 from mirror.fill.copy import Span, copy, read_windows, write_prefix, write_windows
 from mirror.fill.resume import SignedUrl, fetch
 from mirror.fill.state import Fill
@@ -45,10 +45,6 @@ _FINISHED_RATES = 8  # the rates of the last windows finished, compared with too
 _WINDOWS_FILE_SECONDS = 0.2  # the windows map (sparse partial files) is rewritten at most this often
 _SPARSE_LINGER = 2.0  # a sparse fill with no reader and nothing asked pauses after this many seconds
 
-
-class FillPaused(Exception):
-    """A sparse fill stopped with the windows its readers asked for on disk (and in its windows map); the next
-    read or a full download resumes it."""
 
 log = logging.getLogger("hf_mirror.fill")
 
