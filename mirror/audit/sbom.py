@@ -53,9 +53,13 @@ class RevisionFacts:
 Decisions = dict[str, tuple[str, str | None]]  # path -> (refused | quarantined, rule), from the audit log
 
 
+Scan = Callable[[str], tuple[bool, str] | None]  # etag -> (passed, summary) of the mirror's own scan, if it ran
+
+
 async def build_sbom(index: MetadataIndex, store: BlobStore, repo: hf.RepoRef, revision: str,
-                     decisions: Callable[[str], Decisions] | None = None) -> Bom:
-    """``decisions(commit)``: the admission policy's refusals of the commit's files, as the audit log recorded them."""
+                     decisions: Callable[[str], Decisions] | None = None, scan: Scan | None = None) -> Bom:
+    """``decisions(commit)``: the admission policy's refusals of the commit's files, as the audit log recorded them;
+    ``scan(etag)``: the verdict of the mirror's own scan of a file (the admission ledger's), where it ran."""
     commit = revision if hf.is_commit(revision) else (ref.commit if (ref := index.get_ref(repo, revision)) else None)
     if commit is None:
         raise NotCached(f"{repo.key}: revision {revision!r} is not known to the mirror")
@@ -79,7 +83,7 @@ async def build_sbom(index: MetadataIndex, store: BlobStore, repo: hf.RepoRef, r
     bom.metadata.properties.add(Property(name=f"{_OURS}version", value=__version__))
     for entry in entries:
         component = await _file_component(store, repo, entry, facts.file_status.get(entry.path),
-                                          refused.get(entry.path))
+                                          refused.get(entry.path), scan(entry.etag) if scan is not None else None)
         bom.components.add(component)
         bom.register_dependency(subject, [component])
     return bom
@@ -108,7 +112,7 @@ def _subject_properties(repo: hf.RepoRef, revision: str, facts: RevisionFacts) -
 
 
 async def _file_component(store: BlobStore, repo: hf.RepoRef, entry: FileEntry, status: Any,
-                          refused: tuple[str, str | None] | None) -> Component:
+                          refused: tuple[str, str | None] | None, scanned: tuple[bool, str] | None) -> Component:
     hashes = []
     if entry.lfs and re.fullmatch(r"[0-9a-f]{64}", entry.etag):
         hashes.append(HashType(alg=HashAlgorithm.SHA_256, content=entry.etag))  # an LFS etag is the content's SHA-256
@@ -125,6 +129,9 @@ async def _file_component(store: BlobStore, repo: hf.RepoRef, entry: FileEntry, 
     if status is not None:
         props.append(Property(name=f"{_PROP}securityFileStatus",
                               value=status if isinstance(status, str) else json.dumps(status, sort_keys=True)))
+    if scanned is not None:  # the mirror's own scan of the bytes (allowlist-first): its verdict and what it found
+        props.append(Property(name=f"{_OURS}scan", value="passed" if scanned[0] else "failed"))
+        props.append(Property(name=f"{_OURS}scan_summary", value=scanned[1]))
     if refused is not None:  # the mirror's own decision: refused or quarantined, and the rule (the audit log's)
         props.append(Property(name=f"{_OURS}admission", value=refused[0]))
         if refused[1]:

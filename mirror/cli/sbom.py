@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from mirror import hf
+from mirror.admission.ledger import Ledger
 from mirror.audit import INDEX_NAME, AuditIndex
 from mirror.audit.follower import index_once
 from mirror.cache.maintenance import repo_from_spec
@@ -59,12 +60,21 @@ async def _bom(settings: Settings, repo: hf.RepoRef, revision: str) -> str:
     if (directory / INDEX_NAME).exists():  # the admission decisions the audit log recorded, caught up first
         index_once(directory, wait=True)
         audit = AuditIndex(directory / INDEX_NAME)
+    # The mirror's own scan verdicts, where the admission policy scanned files of this cache.
+    ledger = Ledger(settings.cache_dir) if (settings.cache_dir / "admission").is_dir() else None
+
+    def scan(etag: str) -> tuple[bool, str] | None:
+        verdict = ledger.verdict(etag) if ledger is not None else None
+        return (verdict.passed, verdict.summary) if verdict is not None else None
+
     parts = build_parts(settings)
     try:
         await parts.open()
         decisions = functools.partial(audit.decisions, repo.type.value, repo.repo_id) if audit else None
-        return render(await build_sbom(parts.index, parts.store, repo, revision, decisions))
+        return render(await build_sbom(parts.index, parts.store, repo, revision, decisions, scan))
     finally:
         await parts.aclose(grace=0)
         if audit is not None:
             audit.close()
+        if ledger is not None:
+            ledger.close()

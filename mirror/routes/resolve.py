@@ -18,7 +18,7 @@ from prometheus_client import Counter
 from mirror import hf
 from mirror.access import Caller
 from mirror.asgi import Receive, Scope, Send
-from mirror.errors import MirrorError
+from mirror.errors import MirrorError, PolicyBlocked
 from mirror.fill import FillManager
 from mirror.metrics import Metrics, Outcome
 from mirror.routes.common import header, outcome_headers, parse_range, send_error
@@ -71,6 +71,7 @@ class ResolveHandler:
         """Serve the request; returns the outcome for the access log."""
         method = scope["method"]
         head = method == "HEAD"
+        resolved: ResolvedFile | None = None
         try:
             resolved = await self.service.resolve_file(target, caller)
             entry = resolved.entry
@@ -96,6 +97,13 @@ class ResolveHandler:
                 self._count(outcome)
                 return outcome
             source = await self.service.open_blob(resolved, caller, start, end)
+        except PolicyBlocked as exc:
+            # The file is known: its refusal names the commit too (the audit log's event of it, and the client's).
+            if resolved is not None:
+                exc.headers.setdefault(hf.H_REPO_COMMIT, resolved.entry.commit)
+            self._count(Outcome.ERROR)
+            await send_error(send, exc, head=head)
+            return Outcome.ERROR
         except MirrorError as exc:
             self._count(Outcome.ERROR)
             await send_error(send, exc, head=head)

@@ -268,6 +268,17 @@ def test_refusals_are_in_the_audit_log_with_their_rule(emulator: EmulatorHandle,
         assert_refused(httpx.get(url(mirror, ZOO, "modeling_zoo.py")), "file-type", "modeling_zoo.py")
         assert_refused(httpx.get(url(mirror, ZOO, "evil/exec.pt")), "hub-scan-caution", "evil/exec.pt")
         assert httpx.get(url(mirror, ZOO, "config.json")).status_code == 200
+        assert_refused(httpx.get(url(mirror, ZOO, "evil/nested.pkl")), "mirror-scan", "evil/nested.pkl")
+        assert httpx.get(url(mirror, ZOO, "benign/ckpt.pt")).status_code == 200
+    # The bill of materials carries the mirror's own scan and its decisions (issue 27 item 5).
+    bom = cli("sbom", f"{ZOO}@main", "--cache-dir", str(cache))
+    assert bom.returncode == 0, bom.stderr
+    props = {c["name"]: {p["name"]: p["value"] for p in c.get("properties", [])}
+             for c in json.loads(bom.stdout)["components"]}
+    assert props["benign/ckpt.pt"]["hf-mirror:scan"] == "passed"
+    assert props["evil/nested.pkl"]["hf-mirror:scan"] == "failed"
+    assert props["evil/nested.pkl"]["hf-mirror:admission"] == "quarantined"
+    assert props["modeling_zoo.py"]["hf-mirror:admission"] == "refused"
     done = cli("audit", "--cache-dir", str(cache), "--repo", ZOO, "--json")
     assert done.returncode == 0, done.stderr
     events = {e["path"]: e for e in map(json.loads, done.stdout.splitlines())}
