@@ -51,9 +51,7 @@ class Parts:
         database, on a wrong URL; its schema is migrated here)."""
         if self.metadata is not None:
             await self.metadata.open()
-        opener = getattr(self.store, "open", None)
-        if opener is not None:
-            await opener()
+        await self.store.open()
 
     async def start(self) -> None:
         """What a server does at startup: open the store, drop stale partial files, run the quota's gc loop."""
@@ -73,9 +71,7 @@ class Parts:
         self._tasks.clear()
         await self.fills.aclose(self.settings.shutdown_grace if grace is None else grace)
         await self.upstream.aclose()
-        closer = getattr(self.store, "aclose", None)
-        if closer is not None:  # gives back the fill leases this node still holds, then the connections
-            await closer()
+        await self.store.aclose()  # gives back the fill leases this node still holds, then the connections
         if self.metadata is not None:
             await self.metadata.aclose()
         self.index.close()
@@ -128,7 +124,4 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
 def _busy(store: BlobStore, fills: FillManager) -> Callable[[str], bool]:
     """A blob that gc and ``cache rm`` leave alone: one this process fills, or (local storage) one whose lease
     another process on this host holds (a server's fill, a sync, a ``cache import``)."""
-    lease_held: Callable[[str], bool] | None = getattr(store, "lease_held", None)
-    if lease_held is None:
-        return fills.is_filling
-    return lambda etag: fills.is_filling(etag) or lease_held(etag)
+    return lambda etag: fills.is_filling(etag) or store.lease_held(etag)

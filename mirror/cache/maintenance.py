@@ -61,8 +61,8 @@ class Maintenance:
 
     async def sweep_partials(self) -> int:
         """Delete partial files nobody holds a lease on and nobody touched for a week (others are resumed)."""
-        partials_dir = getattr(self.store, "partials_dir", None)
-        if partials_dir is None or not os.path.isdir(partials_dir):
+        partials_dir = self.store.partials_dir
+        if not os.path.isdir(partials_dir):
             return 0
         removed = 0
         now = time.time()

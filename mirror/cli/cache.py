@@ -111,8 +111,7 @@ async def _du(parts: Parts, args: argparse.Namespace) -> int:
     total = sum(b.size for b in blobs)
     pinned_bytes = sum(b.size for b in blobs if owners.get(b.etag, set()) & pinned)
     orphan = [b for b in blobs if b.etag not in owners]
-    partials_dir = getattr(parts.store, "partials_dir", None)  # this node's disk, for either store
-    partials = list(partials_dir.glob("*.part")) if partials_dir is not None else []
+    partials = list(parts.store.partials_dir.glob("*.part"))  # this node's disk, for either store
     partial_bytes = sum(p.stat().st_size for p in partials if p.exists())
     by_type: dict[str, int] = {}
     for b in blobs:

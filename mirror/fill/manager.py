@@ -238,8 +238,7 @@ class FillManager:
 
         A store whose leases can be lost (a fleet database's) says so by an event: the download stops at once,
         so a holder that cannot renew stops fetching within one renewal interval."""
-        lease_lost = getattr(self.store, "lease_lost", None)
-        lost = lease_lost(fill.spec.etag) if lease_lost is not None else None
+        lost = self.store.lease_lost(fill.spec.etag)
         try:
             if lost is None:
                 await self._download(fill)

@@ -53,7 +53,7 @@ class Follower:
 
     async def follow(self, fill: Fill, copy: PeerCopy) -> None:
         """Another process holds the lease: follow its fill until it commits or its lease goes away."""
-        watch = getattr(self.store, "watch_lease", None)
+        watch = self.store.watch_lease
         if watch is not None:
             await self._follow_told(fill, copy, watch)
             return

@@ -12,10 +12,12 @@ Every backend passes the contract suite in ``tests/contract/test_storage_contrac
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,29 @@ CopyProgress = Callable[[Path, int], None]
 
 @runtime_checkable
 class BlobStore(Protocol):
+    partials_dir: Path  # this node's partial files (fills in progress), whichever store holds the blobs
+    # Subscribes to changes of ``etag``'s lease anywhere (``async with watch_lease(etag) as change``), so followers
+    # are told instead of polling; None where the store has no notifications (followers poll the lease).
+    watch_lease: Callable[[str], AbstractAsyncContextManager[Any]] | None
+
+    async def open(self) -> None:
+        """Connect and check: a remote store fails here, at startup, on a wrong endpoint, bucket or credential."""
+        ...
+
+    async def aclose(self) -> None:
+        """Give back the fill leases this process holds, then close connections."""
+        ...
+
+    def lease_held(self, etag: str) -> bool:
+        """Another process of this host holds ``etag``'s fill lease (gc and ``cache rm`` leave the blob alone);
+        False where leases are not kept per host."""
+        ...
+
+    def lease_lost(self, etag: str) -> asyncio.Event | None:
+        """Set when this process loses the fill lease it holds on ``etag`` (then it stops fetching and commits
+        nothing); None where a held lease cannot be lost mid-fill."""
+        ...
+
     async def stat(self, etag: str) -> BlobInfo | None:
         """The committed blob's info, or ``None`` when it is not (yet) in the store."""
         ...

@@ -170,6 +170,17 @@ class LocalBlobStore:
         finally:
             os.close(fd)
 
+    watch_lease = None  # leases are flocks on this host: a follower polls them
+
+    async def open(self) -> None:
+        """Nothing to connect to: the directories exist from the constructor on."""
+
+    async def aclose(self) -> None:
+        """Nothing to close: a flock goes with its file descriptor, which each fill closes itself."""
+
+    def lease_lost(self, etag: str) -> asyncio.Event | None:
+        return None  # a flock cannot be taken from its holder
+
     def lease_held(self, etag: str) -> bool:
         """A fill (in any process on this host) holds the blob's lease: leave the blob alone."""
         return self._held_lease_record(etag) is not None

@@ -59,8 +59,7 @@ class Stores:
 
     async def close(self) -> None:
         for store in self.opened:
-            if hasattr(store, "aclose"):
-                await store.aclose()
+            await store.aclose()
 
 
 def build(spec: dict[str, Any]) -> Any:
@@ -100,6 +99,23 @@ def write_partial(store: BlobStore, data: bytes) -> tuple[str, Path]:
     partial = store.partial_path(etag)
     partial.write_bytes(data)
     return etag, partial
+
+
+def protocol_members(protocol: type) -> set[str]:
+    """Every method and attribute ``protocol`` declares (its own body: what each backend must have)."""
+    own = {name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")}
+    return own | set(getattr(protocol, "__annotations__", {}))
+
+
+async def test_every_backend_is_a_whole_blob_store(stores: Stores) -> None:
+    """Conformance, as ``var _ BlobStore = &proxyBlobStore{}`` asserts it in Go: no member of the Protocol is
+    missing, so nothing above the store probes for one (``getattr(store, ...)``)."""
+    store = await stores.new()
+    assert isinstance(store, BlobStore)
+    missing = {name for name in protocol_members(BlobStore) if not hasattr(store, name)}
+    assert not missing, missing
+    assert {"open", "aclose", "lease_held", "lease_lost", "partials_dir", "watch_lease"} <= protocol_members(BlobStore)
+    assert store.partials_dir.is_dir() and store.lease_lost("0" * 64) is None and store.lease_held("0" * 64) is False
 
 
 async def test_stat_commit_local_path(stores: Stores) -> None:

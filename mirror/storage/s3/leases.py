@@ -23,6 +23,8 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from botocore.exceptions import ClientError
@@ -49,6 +51,18 @@ class FillLeases(Protocol):
 
     async def read(self, etag: str) -> Lease | None: ...
 
+    # Subscribes to changes of a lease anywhere in the fleet; None: followers poll the lease.
+    watch: Callable[[str], AbstractAsyncContextManager[Any]] | None
+
+    def lost(self, etag: str) -> asyncio.Event | None:
+        """Set when this process loses a lease it holds; None where a held lease cannot be lost mid-fill."""
+        ...
+
+    # What the commit's last step runs inside (``fence(etag)``: only under the current holder); None: no fence.
+    fence: Callable[[str], AbstractAsyncContextManager[None]] | None
+
+    async def aclose(self) -> None: ...
+
 
 class HeldLease:
     """A lease this process holds: its owner, ttl, the S3 ETag of our lease object, and its refresher task."""
@@ -63,6 +77,15 @@ class HeldLease:
 
 class Leases:
     rechecks_blob = True
+    watch = None  # the bucket has no notifications: followers poll the lease object
+
+    def lost(self, etag: str) -> asyncio.Event | None:
+        return None  # a lapsed lease object is noticed at its next refresh, which stops the fill
+
+    fence = None  # the bucket's conditional writes decide; the commit is not fenced
+
+    async def aclose(self) -> None:
+        """The refresher tasks end with the fills that hold their leases: nothing of its own to close."""
 
     def __init__(self, bucket: Bucket) -> None:
         self.bucket = bucket

@@ -46,9 +46,7 @@ class S3BlobStore:
         # The bucket's lease objects, unless a fleet database grants the leases (--metadata-url): then the commit is
         # fenced by it, and followers are told of changes instead of polling.
         self.leases: FillLeases = leases if leases is not None else Leases(self.objects)
-        self._fence = getattr(self.leases, "fence", None)
-        self.watch_lease = getattr(self.leases, "watch", None)
-        self.lease_lost = getattr(self.leases, "lost", None)
+        self.watch_lease = self.leases.watch
         self.blobs_dir = self.hot_tier.blobs_dir
         self.partials_dir = self.root / "partials"  # CacheManager.sweep_partials looks here
         self.tmp_dir = self.hot_tier.tmp_dir
@@ -69,9 +67,7 @@ class S3BlobStore:
                     await self.release_lease(etag, held.owner)
                 except MirrorError as exc:  # the lease then lapses after its ttl
                     log.warning("could not release the fill lease of %s: %s", etag, exc)
-        closer = getattr(self.leases, "aclose", None)
-        if closer is not None:  # the renewal thread
-            await closer()
+        await self.leases.aclose()  # a fleet database's: its renewal thread
         await self.objects.aclose()
 
     # --- blobs ------------------------------------------------------------------------------------------------------
@@ -150,10 +146,11 @@ class S3BlobStore:
     @storage_errors
     async def commit(self, etag: str, partial: Path) -> Path:
         size = os.stat(partial).st_size
-        lost = self.lease_lost(etag) if self.lease_lost is not None else None
+        lost = self.leases.lost(etag)
         if lost is not None and lost.is_set():  # do not even upload the parts
             raise LeaseLost(f"the fill lease of {etag} was lost before its commit")
-        fence = (lambda: self._fence(etag)) if self._fence is not None else None
+        fencing = self.leases.fence
+        fence = (lambda: fencing(etag)) if fencing is not None else None
         with self.hot_tier.entering(etag):
             await self.objects.put_blob(etag, partial, size, fence=fence)
             return await self.hot_tier.enter(etag, partial, size)
@@ -206,6 +203,12 @@ class S3BlobStore:
     @storage_errors
     async def release_lease(self, etag: str, owner: str) -> None:
         await self.leases.release(etag, owner)
+
+    def lease_lost(self, etag: str) -> asyncio.Event | None:
+        return self.leases.lost(etag)
+
+    def lease_held(self, etag: str) -> bool:
+        return False  # the bucket's leases are the fleet's: gc's own rules decide (no per-host lock)
 
     @storage_errors
     async def read_lease(self, etag: str) -> Lease | None:
