@@ -49,7 +49,7 @@ class Caller:
 
 class AccessPolicy:
     def __init__(self, index: MetadataIndex, *, ttl: float, fail_open: bool, grace: float = 0.0,
-                 offline: bool = False, open_unknown: bool = False) -> None:
+                 offline: bool = False, open_unknown: bool = False, shared: SharedMetadata | None = None) -> None:
         self.index = index
         self.ttl = ttl
         # How long a confirmed access is honoured while upstream cannot be asked (offline, or an outage): a revoked
@@ -63,14 +63,15 @@ class AccessPolicy:
         # Random tokens and repo names must not grow the process: a bounded memo in front of the shared index, whose
         # records expire (see MetadataIndex.put_access).
         self._memo: OrderedDict[tuple[str, str, RepoRef], tuple[bool | None, float]] = OrderedDict()
-        # The fleet's database (metadata_url), set by the wiring: a confirmation another node got counts here too.
-        self.shared: SharedMetadata | None = None
+        # The fleet's database (metadata_url): a confirmation another node got counts here too.
+        self.shared = shared
         self._fleet_asked: OrderedDict[tuple[str, str, RepoRef], float] = OrderedDict()  # when each was last asked
 
     @classmethod
-    def from_settings(cls, index: MetadataIndex, settings: Settings) -> AccessPolicy:
+    def from_settings(cls, index: MetadataIndex, settings: Settings,
+                      shared: SharedMetadata | None = None) -> AccessPolicy:
         return cls(index, ttl=settings.access_ttl, grace=settings.access_grace, fail_open=settings.access_fail_open,
-                   offline=settings.offline, open_unknown=settings.open_unknown_repos)
+                   offline=settings.offline, open_unknown=settings.open_unknown_repos, shared=shared)
 
     def record_public(self, repo: RepoRef, kind: str, token: str | None, public: bool = True) -> None:
         """Upstream answered an anonymous request: with success (public) or with an auth error (not public)."""

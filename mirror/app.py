@@ -43,7 +43,7 @@ from mirror.sync.warm import WarmJobs
 from mirror.upstream.viewer import ViewerUpstream
 from mirror.viewer.parquet_info import OfflineInfo
 from mirror.viewer.service import ViewerService
-from mirror.xet import CAS_PREFIX, XetCatalog, XetSigner
+from mirror.xet import CAS_PREFIX, XetSigner
 from mirror.xet.tokens import load_secret
 
 log = logging.getLogger("hf_mirror")
@@ -89,21 +89,21 @@ class Mirror:
         self.xet_token: XetTokenRoute | None = None
         self.xet_cas: XetCas | None = None
         if settings.serve_xet:
-            catalog = XetCatalog(self.index)
-            self.service.xet = catalog
+            catalog = self.service.xet  # built with the service (mirror.parts)
             signer = XetSigner(load_secret(settings.cache_dir, settings.xet_signing_secret))
             self.xet_token = XetTokenRoute(settings, self.service, catalog, signer, metrics)
-            self.xet_cas = XetCas(settings, self.service, self.fills, catalog, signer, metrics)
+            self.xet_cas = XetCas(settings, self.service, self.fills, catalog, signer, metrics,
+                                  audited=settings.audit_log)  # a reconstruction is an Xet download's audit event
             self.resolve.xet_headers = self.xet_token.resolve_headers
             self.api.annotate = self.xet_token.annotate
 
         # The status page (mirror.status) and the operator's actions on one repo (mirror.routes.ops), issue 19.
         visible = None if settings.auth_required else self._public  # open to anyone: the repos anyone may read
         self.history = StatusHistory(metrics)
+        admission = self.parts.admission
         self.board = StatusBoard(self.cache, settings, self.upstream, self.fills, self.history, visible=visible,
-                                 warm_jobs=self.warm_jobs)
-        if self.parts.admission is not None:  # the quarantine on the status JSON (issue 27)
-            self.board.quarantine = self.parts.admission.quarantined
+                                 warm_jobs=self.warm_jobs,  # and the admission policy's quarantine (issue 27):
+                                 quarantine=admission.quarantined if admission is not None else None)
         self.repo_actions = ops.RepoActions(self.cache, confirm=self.service.confirm_content,
                                             body_timeout=settings.header_timeout, on_change=self.board.forget_pins)
         # The audit log (issue 27, mirror.audit): an event per file served and per refusal, indexed in the background.
@@ -115,8 +115,6 @@ class Mirror:
                                                 session_idle=settings.audit_session_seconds),
                                        (settings.upstream_token or "",))
             self.audit_index = IndexFollower(directory)
-            if self.xet_cas is not None:
-                self.xet_cas.audited = True
 
     async def start(self) -> None:
         await self.parts.start()

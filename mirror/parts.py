@@ -25,6 +25,7 @@ from mirror.service import MirrorService
 from mirror.storage import open_store
 from mirror.storage.base import BlobStore
 from mirror.upstream import UpstreamClient
+from mirror.xet import XetCatalog
 
 
 @dataclass(frozen=True)
@@ -100,20 +101,19 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
         store, upstream, metrics, chunk_size=settings.fill_chunk_size, lease_ttl=lease_ttl,
         cancel_on_disconnect=settings.fill_on_disconnect == "cancel", node_url=settings.node_url,
     )
-    access = AccessPolicy.from_settings(index, settings)
+    # The fleet's database behind this node's index (metadata_url): refs, files, access confirmations, pins.
+    shared = SharedMetadata(metadata, index) if settings.metadata_url else None
+    access = AccessPolicy.from_settings(index, settings, shared)
     busy = _busy(store, fills)
     cache = CacheManager(store, index, metrics, max_size=settings.max_size, is_busy=busy,
                          root=settings.cache_dir, min_free_space=settings.min_free_space or 0,
-                         evicts_for_disk=settings.storage == "local")
+                         evicts_for_disk=settings.storage == "local", metadata=metadata if shared else None)
     scrubber = Scrubber(store, metrics, is_busy=busy)
     admission = (AdmissionGate(Rules.from_settings(settings), Ledger(settings.cache_dir), upstream,
                                offline=settings.offline) if settings.policy_active else None)
     service = MirrorService(settings, index, store, upstream, fills, access, metrics, make_room=cache.make_room,
-                            on_hit=scrubber.suspect if settings.scrub_rate else None, admission=admission)
-    if settings.metadata_url:  # the fleet's database behind this node's index: refs, files, access, pins
-        shared = SharedMetadata(metadata, index)
-        service.shared = access.shared = shared
-        cache.metadata = metadata
+                            on_hit=scrubber.suspect if settings.scrub_rate else None, admission=admission,
+                            xet=XetCatalog(index) if settings.serve_xet else None, shared=shared)
     fills.on_commit.append(lambda spec: scrubber.verified(spec.etag))  # a fill verified it: no first-hit re-hash
     # The status page and /metrics count the new blob at once.
     fills.on_commit.append(lambda spec: cache.committed(spec.repo, spec.commit, spec.etag, spec.size))

@@ -35,7 +35,7 @@ class GcReport:
 class CacheManager(UsageReports, Maintenance):
     def __init__(self, store: BlobStore, index: MetadataIndex, metrics: Metrics, *, max_size: int | None,
                  is_busy: Callable[[str], bool], root: Path, min_free_space: int = 0,
-                 evicts_for_disk: bool = True) -> None:
+                 evicts_for_disk: bool = True, metadata: MetadataStore | None = None) -> None:
         self.store = store
         self.root = root  # the disk fills write to
         self.min_free_space = min_free_space
@@ -55,9 +55,8 @@ class CacheManager(UsageReports, Maintenance):
         self._scan_seconds: float | None = None  # how long this process's last usage count took
         self._stored_scan = 0.0  # how long the count of the snapshot kept by the last run took
         self._generation, self._snapshot_generation = 0, -1
-        # The fleet's database (metadata_url), set by the wiring: pins are the fleet's, and gc keeps a blob pinned
-        # through any node.
-        self.metadata: MetadataStore | None = None
+        # The fleet's database (metadata_url): pins are the fleet's, and gc keeps a blob pinned through any node.
+        self.metadata = metadata
 
     async def _fleet_pinned_blobs(self) -> set[str] | None:
         """The blobs of repos pinned anywhere in the fleet (empty without a database); None when it cannot say."""

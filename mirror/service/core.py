@@ -24,7 +24,8 @@ class ServiceCore:
     def __init__(self, settings: Settings, index: MetadataIndex, store: BlobStore, upstream: UpstreamClient,
                  fills: FillManager, access: AccessPolicy, metrics: Metrics,
                  make_room: Callable[[int, int], Awaitable[bool]] | None = None,
-                 on_hit: Callable[[str], None] | None = None, admission: AdmissionGate | None = None) -> None:
+                 on_hit: Callable[[str], None] | None = None, admission: AdmissionGate | None = None,
+                 xet: Any = None, shared: SharedMetadata | None = None) -> None:
         self.settings = settings
         self.index = index
         self.store = store
@@ -37,11 +38,11 @@ class ServiceCore:
         self.admission = admission  # the admission policy (mirror.admission); None: every file admitted
         self._probes: dict[tuple[str, str, str], asyncio.Future[object]] = {}  # access probes in flight (files)
         self._visibility: dict[str, asyncio.Future[None]] = {}  # learn_visibility's questions in flight
-        # Upstream's Xet hashes (mirror.xet.XetCatalog), set by the app when it serves Xet: learned from upstream's
-        # answers, put back on tree / paths-info answers (the cached JSON stays Xet-free).
-        self.xet: Any = None
-        # The fleet's database behind the index (metadata_url), set by the wiring: asked before upstream.
-        self.shared: SharedMetadata | None = None
+        # Upstream's Xet hashes (a mirror.xet.XetCatalog, typed Any: mirror.xet imports the service) when the
+        # mirror serves Xet: learned from upstream's answers, put back on tree / paths-info answers.
+        self.xet = xet
+        # The fleet's database behind the index (metadata_url): asked before upstream.
+        self.shared = shared
 
     # --- revisions -------------------------------------------------------------------------------------------------
 

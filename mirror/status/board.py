@@ -72,7 +72,8 @@ def parse_repo(value: str) -> tuple[str, str] | None:
 
 class StatusBoard:
     def __init__(self, cache: CacheManager, settings: Settings, upstream: UpstreamClient, fills: FillManager,
-                 history: StatusHistory, *, visible: Visible | None, warm_jobs: Any = None) -> None:
+                 history: StatusHistory, *, visible: Visible | None, warm_jobs: Any = None,
+                 quarantine: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.cache = cache
         self.settings = settings
         self.upstream = upstream
@@ -89,7 +90,7 @@ class StatusBoard:
         self._confirmed_lists: dict[str, tuple[UsageSnapshot, float, list[RepoUsage]]] = {}
         # The admission policy's quarantine (mirror.admission): blobs stored, never served, until an operator's
         # release; None without a policy.
-        self.quarantine: Callable[[], list[dict[str, Any]]] | None = None
+        self.quarantine = quarantine
 
     async def _listable(self, snap: UsageSnapshot) -> list[RepoUsage]:
         if self._listed[0] is snap:

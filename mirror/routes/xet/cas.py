@@ -34,7 +34,7 @@ _UPLOAD_ROUTES = ("/v1/xorbs", "/v1/shards", "/v2/shards", "/v1/chunks", "/shard
 
 class XetCas:
     def __init__(self, settings: Settings, service: MirrorService, fills: FillManager, catalog: XetCatalog,
-                 signer: XetSigner, metrics: Metrics) -> None:
+                 signer: XetSigner, metrics: Metrics, *, audited: bool = False) -> None:
         self.settings = settings
         self.service = service
         self.fills = fills
@@ -43,7 +43,7 @@ class XetCas:
         self.metrics = metrics
         self.token_ttl = settings.xet_token_ttl
         self.finder = XetFinder(service, catalog)
-        self.audited = False  # the audit log is on: a reconstruction is the event of an Xet download (mirror.audit)
+        self.audited = audited  # the audit log is on: a reconstruction is the event of an Xet download (mirror.audit)
 
     async def cas(self, scope: Scope, receive: Receive, send: Send, path: str) -> Outcome:
         """Everything under ``{mirror}/_xet``; ``path`` is the rest (``/v2/reconstructions/{hash}``...)."""
