@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mirror.errors import IntegrityError, RepoPinned
-from mirror.hf import RepoRef, RepoType
+from mirror.errors import BadRequest, ConfigError, IntegrityError, RepoPinned
+from mirror.hf import RepoRef, RepoType, validate_repo_id, validate_revision
 from mirror.integrity import hash_file
 from mirror.storage.base import BlobInfo
 
@@ -39,6 +39,20 @@ def repo_from_spec(spec: str, default_type: str = "model") -> RepoRef:
         plural, spec = spec.split("/", 1)
         repo_type = plural[:-1]
     return RepoRef(RepoType(repo_type), spec)
+
+
+def repo_at_revision(text: str, default_type: str = "model") -> tuple[RepoRef, str]:
+    """``acme/x@rev``, ``datasets/acme/x`` or ``model:acme/x@<sha>`` -> the repo and its revision (``main`` when none
+    is named); a ConfigError that names the input for anything else (the commands that take ``REPO[@REV]``)."""
+    spec, at, revision = text.rpartition("@")
+    spec, revision = (spec, revision) if at else (text, "main")
+    try:
+        repo = repo_from_spec(spec, default_type)
+        validate_repo_id(repo.repo_id)
+        validate_revision(revision)
+    except (ValueError, BadRequest) as exc:
+        raise ConfigError(f"not a repo: {text!r} (use acme/x@rev, datasets/acme/x or model:acme/x)") from exc
+    return repo, revision
 
 
 class Maintenance:

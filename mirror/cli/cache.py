@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mirror import hf
-from mirror.cache import repo_from_spec
+from mirror.cache import repo_at_revision, repo_from_spec
 from mirror.cache.hubcache.exporter import export_repo
 from mirror.cache.hubcache.importer import import_tree
 from mirror.cli.settings import add_settings_arguments
@@ -224,21 +224,8 @@ async def _import(parts: Parts, args: argparse.Namespace) -> int:
     return 1 if report.corrupt else 0
 
 
-def _split_rev(spec: str) -> tuple[str, str]:
-    if "@" in spec:
-        repo, _, revision = spec.rpartition("@")
-        return repo, revision
-    return spec, "main"
-
-
 async def _export(parts: Parts, args: argparse.Namespace) -> int:
-    repo_spec, revision = _split_rev(args.repo)
-    try:
-        repo = repo_from_spec(repo_spec)
-        hf.validate_repo_id(repo.repo_id)
-        hf.validate_revision(revision)
-    except (ValueError, BadRequest) as exc:
-        raise ConfigError(f"not a repo: {args.repo!r} (use acme/x@rev, datasets/acme/x or model:acme/x)") from exc
+    repo, revision = repo_at_revision(args.repo)
     try:
         report = await export_repo(parts.store, parts.index, repo, revision, Path(args.to), link=args.link)
     except LookupError as exc:

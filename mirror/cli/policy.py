@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from mirror import hf
 from mirror.admission import Ledger
+from mirror.cache.maintenance import repo_at_revision
 from mirror.config import Settings
 from mirror.errors import MirrorError
 from mirror.parts import build_parts
@@ -78,14 +78,13 @@ def _operator() -> str:
 
 
 async def _check(settings: Settings, args: argparse.Namespace) -> int:
-    repo_id, _, revision = args.repo.partition("@")
-    repo = hf.RepoRef(hf.RepoType(args.type), repo_id)
+    repo, revision = repo_at_revision(args.repo, args.type)  # a ConfigError (exit 2) names a malformed one
     parts = build_parts(settings)
     try:
         await parts.open()
         try:
             answer = await parts.upstream.api(
-                "GET", f"{repo.api_path()}/revision/{quote(revision or 'main', safe='')}?blobs=true",
+                "GET", f"{repo.api_path()}/revision/{quote(revision, safe='')}?blobs=true",
                 settings.upstream_token)
         except MirrorError as exc:
             print(f"hf-mirror policy check: {exc.message}", file=sys.stderr)

@@ -12,9 +12,8 @@ from mirror import hf
 from mirror.admission.ledger import Ledger
 from mirror.audit import INDEX_NAME, AuditIndex
 from mirror.audit.follower import index_once
-from mirror.cache.maintenance import repo_from_spec
+from mirror.cache.maintenance import repo_at_revision
 from mirror.config import ConfigError, Settings
-from mirror.errors import BadRequest
 from mirror.parts import build_parts
 
 HELP = "write the CycloneDX ML-BOM of a cached revision: files, hashes, licence, the Hub's scan verdict"
@@ -28,13 +27,7 @@ def flags() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    spec, _, revision = args.repo.rpartition("@") if "@" in args.repo else (args.repo, "", "main")
-    try:
-        repo = repo_from_spec(spec)
-        hf.validate_repo_id(repo.repo_id)
-        hf.validate_revision(revision)
-    except (ValueError, BadRequest) as exc:
-        raise ConfigError(f"not a repo: {args.repo!r} (use acme/x@rev, datasets/acme/x or model:acme/x)") from exc
+    repo, revision = repo_at_revision(args.repo)
     if not settings.cache_dir.exists():
         raise ConfigError(f"cache directory {settings.cache_dir} does not exist")
     # Only `sbom` loads cyclonedx-python-lib and jsonschema (a few hundred ms): no other command waits for them.
