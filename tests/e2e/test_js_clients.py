@@ -16,7 +16,7 @@ from tests.e2e.test_cors import dump_dom, other_origin  # noqa: F401 - a fixture
 from tests.support.hub_emulator.fixtures import GOOD_TOKEN
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.support.js_clients import hub_client, transformers_bundle
-from tests.support.mirror_proc import MirrorProcess
+from tests.support.mirror_proc import MirrorProcess, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -107,11 +107,15 @@ def test_transformers_js_in_a_browser_loads_a_tokenizer_through_the_mirror(emu, 
         (site / "page.html").write_text(PAGE % {"mirror": json.dumps(mirror_url)})
         dom = dump_dom(f"{origin}/page.html", tmp_path / "chrome-profile")
         tokenizer_json = httpx.get(f"{mirror.url}/acme/tiny-model/resolve/main/tokenizer.json").text
+        wanted = [f"/acme/tiny-model/resolve/main/{name}" for name in ("config.json", "tokenizer.json",
+                                                                       "tokenizer_config.json")]
+        # The access log is written in batches (every 0.2 s): wait for the page's requests to show.
+        wait_for(lambda: all(path in mirror.log() for path in wanted), timeout=30)
         log = mirror.log()
     text = re.search(r'<pre id="out">(.*?)</pre>', dom, re.S)
     assert text and text.group(1) != "pending" and not text.group(1).startswith("ERROR"), dom[-3000:]
     out = json.loads(html.unescape(text.group(1)))
     expected = Tokenizer.from_str(tokenizer_json).encode("hello world").ids
     assert out["ids"] == expected
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        assert f"/acme/tiny-model/resolve/main/{name}" in log
+    for path in wanted:
+        assert path in log
