@@ -19,7 +19,7 @@ from fastapi import FastAPI
 
 from mirror import hf
 from mirror.access import Caller
-from mirror.asgi import Receive, Scope, Send
+from mirror.asgi import HEAD_BOUNDED, Receive, Scope, Send
 from mirror.audit import AUDIT_WHO, AuditLog, AuditRecorder, IndexFollower, note_file
 from mirror.auth import MirrorAuth
 from mirror.config import Settings
@@ -263,7 +263,8 @@ class MirrorApp:
         raw_path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         method = scope["method"]
         try:
-            if sum(len(k) + len(v) for k, v in scope["headers"]) > self.settings.max_header_bytes:
+            if HEAD_BOUNDED not in scope and sum(len(k) + len(v) for k, v in scope["headers"]) > \
+                    self.settings.max_header_bytes:
                 raise HeadersTooLarge(f"request headers exceed {self.settings.max_header_bytes} bytes")
             route = self._routes.get(raw_path)  # a path seen before: canonical, and what classify said of it
             if route is None:

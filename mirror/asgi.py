@@ -12,6 +12,10 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+# Set in a request's scope by the mirror's server protocol (mirror.server), which counts the request line and
+# headers against ``max_header_bytes`` as they arrive: the app need not add them up again.
+HEAD_BOUNDED = "hf_mirror.head_bounded"
+
 
 async def answer_lifespan(scope: Scope, receive: Receive, send: Send) -> bool:
     """Run the lifespan protocol to its end when ``scope`` is a lifespan scope: True then (the app returns)."""

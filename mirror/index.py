@@ -87,7 +87,9 @@ _SEP = "\x1f"  # string keys: diskcache stores str natively, tuples are pickled 
 
 
 def _key(*parts: str | None) -> str:
-    return _SEP.join("" if part is None else part for part in parts)
+    if None in parts:  # rare: a missing query or token digest; the common case joins without a generator
+        parts = tuple("" if part is None else part for part in parts)
+    return _SEP.join(parts)  # type: ignore[arg-type]
 
 
 def index_dir(cache_dir: Path) -> Path:

@@ -51,7 +51,8 @@ class FileService(ServiceCore):
             entry = (self.index.get_file(repo, commit, path) or entry_from_listing(self.index, repo, commit, path)
                      or await self._fleet_file(repo, commit, path))
             if entry is not None:
-                await self._check_content_access(repo, revision, path, caller)
+                if not self.access.is_public(repo, "content"):  # a public repo's hit makes no coroutine for it
+                    await self._check_content_access(repo, revision, path, caller)
                 return self._found(repo, entry, _HIT)
         if self.settings.offline:
             return self._stale_file(target, caller, OfflineMiss(f"{path} is not cached and the mirror is offline"))
