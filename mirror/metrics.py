@@ -18,7 +18,7 @@ from itertools import accumulate
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.utils import floatToGoString
 
@@ -103,21 +103,56 @@ class _Durations:
         yield family
 
 
+class _Count:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1) -> None:
+        self.value += amount
+
+
+class _Counts:
+    """``hf_mirror_requests`` in one process: the same exposition as a labelled prometheus Counter, counted in plain
+    numbers (incremented from the event loop's thread); ``labels(...)`` and ``collect()`` as prometheus_client's."""
+
+    def __init__(self, name: str, documentation: str, labelnames: list[str], registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self._labelnames = labelnames
+        self._series: dict[tuple[str, ...], _Count] = {}
+        registry.register(self)
+
+    def labels(self, **labels: str) -> _Count:
+        key = tuple(str(labels[name]) for name in self._labelnames)
+        count = self._series.get(key)
+        if count is None:
+            count = self._series[key] = _Count()
+        return count
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self._labelnames)
+        for key, count in list(self._series.items()):
+            family.add_metric(list(key), count.value)
+        yield family
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
-            "hf_mirror_requests", "Requests served, by route kind and outcome", ["route", "outcome"], registry=r
-        )
+        shared = bool(os.environ.get(MULTIPROC_ENV))
+        # One process: a request is counted and timed in plain numbers here, read at each scrape (a prometheus
+        # Counter takes a lock per increment and a Histogram two per observation: a measurable part of a cached
+        # HEAD). Several processes count into the shared files, which only prometheus_client's own types write.
+        requests = ("hf_mirror_requests", "Requests served, by route kind and outcome", ["route", "outcome"])
+        self.requests: Counter | _Counts = Counter(*requests, registry=r) if shared else _Counts(*requests, registry=r)
         duration = ("hf_mirror_request_duration_seconds", "Time from a request's arrival to the end of its answer, by "
                     "route class and outcome")
-        # One process: every request's observation is a few list updates here, read at each scrape (a prometheus
-        # Histogram takes two locks and some calls per observation, a measurable part of a cached HEAD). Several
-        # processes count into the shared files, which only prometheus_client's own Histogram writes.
         self.request_duration: Histogram | _Durations = (
             Histogram(*duration, ["route", "outcome"], registry=r, buckets=REQUEST_BUCKETS)
-            if os.environ.get(MULTIPROC_ENV) else _Durations(*duration, registry=r))
+            if shared else _Durations(*duration, registry=r))
         self.bytes_served = Counter("hf_mirror_served_bytes", "Body bytes sent to clients", ["source"], registry=r)
         self.bytes_fetched = Counter("hf_mirror_upstream_bytes", "Body bytes fetched from upstream", registry=r)
         self.bytes_from_peers = Counter(
