@@ -21,7 +21,7 @@ from mirror.metadata import MetadataStore, open_metadata
 from mirror.metadata.fleet_leases import FleetLeases
 from mirror.metadata.sharing import SharedMetadata
 from mirror.metrics import Metrics
-from mirror.service import MirrorService
+from mirror.service import MirrorService, ServiceCore
 from mirror.storage import open_store
 from mirror.storage.base import BlobStore
 from mirror.upstream import UpstreamClient
@@ -111,9 +111,11 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     scrubber = Scrubber(store, metrics, is_busy=busy)
     admission = (AdmissionGate(Rules.from_settings(settings), Ledger(settings.cache_dir), upstream,
                                offline=settings.offline) if settings.policy_active else None)
-    service = MirrorService(settings, index, store, upstream, fills, access, metrics, make_room=cache.make_room,
-                            on_hit=scrubber.suspect if settings.scrub_rate else None, admission=admission,
-                            xet=XetCatalog(index) if settings.serve_xet else None, shared=shared)
+    # The service's one core (its parts and shared state), and the sides composed over it.
+    core = ServiceCore(settings, index, store, upstream, fills, access, metrics, make_room=cache.make_room,
+                       on_hit=scrubber.suspect if settings.scrub_rate else None, admission=admission,
+                       xet=XetCatalog(index) if settings.serve_xet else None, shared=shared)
+    service = MirrorService(core)
     fills.on_commit.append(lambda spec: scrubber.verified(spec.etag))  # a fill verified it: no first-hit re-hash
     # The status page and /metrics count the new blob at once.
     fills.on_commit.append(lambda spec: cache.committed(spec.repo, spec.commit, spec.etag, spec.size))

@@ -25,7 +25,15 @@ _ERROR_CODE = hf.H_ERROR_CODE.lower()
 _HIT, _MISS, _STALE = Outcome.HIT, Outcome.MISS, Outcome.STALE
 
 
-class ApiService(ServiceCore):
+class ApiService:
+    """The API side: cached API JSON (repo info, revisions, trees, paths-info), its stale fallback, the relay."""
+
+    def __init__(self, core: ServiceCore) -> None:
+        self.core = core  # the shared state (refs remembered) and the rules both sides apply
+        # The parts the methods ask, as the core holds them (references, never replaced).
+        self.settings, self.index, self.upstream = core.settings, core.index, core.upstream
+        self.access, self.metrics, self.xet = core.access, core.metrics, core.xet
+
     async def api(self, target: hf.ApiTarget, method: str, raw_path: str, query: list[tuple[str, str]],
                   form: list[tuple[str, str]] | None, caller: Caller) -> ApiResult:
         """Cached API JSON for the read routes clients use; immutable when pinned to a commit.
@@ -42,14 +50,14 @@ class ApiService(ServiceCore):
         key_query = api_query_key(query, form)
         key_route = api_route_key(route, target.path)
         key_rev = revision
-        commit = self._known_commit(target.repo, revision, fresh=True) if revision else None
+        commit = self.core.known_commit(target.repo, revision, fresh=True) if revision else None
         immutable = bool(revision and hf.is_commit(revision))
         cached = self.index.get_api(target.repo, key_rev, key_route, key_query)
         fresh = cached is not None and (
             cached.immutable or time.time() - cached.fetched_at < self.settings.revision_ttl
         )
         if cached is not None and (fresh or self.settings.offline):
-            await self._check_meta_access(target, caller, cached)
+            await self.check_meta_access(target, caller, cached)
             return ApiResult(cached.status, cached.headers, cached.body, _HIT)
         if self.settings.offline:
             raise OfflineMiss(f"{raw_path} is not cached and the mirror is offline")
@@ -57,15 +65,15 @@ class ApiService(ServiceCore):
             try:
                 commit = await self._listing_commit(target, caller)
             except UpstreamUnavailable as exc:  # one wait for a dead upstream, not two
-                return await self._stale_api(target, caller, cached, exc)
+                return await self.stale_api(target, caller, cached, exc)
         upstream_path = raw_path + (f"?{urlencode(query)}" if query else "")
         try:
             response = await self.upstream.api("POST" if form is not None else "GET", upstream_path, caller.token,
                                                form=form, guard=caller.check)
         except UpstreamUnavailable as exc:
-            return await self._stale_api(target, caller, cached, exc)
+            return await self.stale_api(target, caller, cached, exc)
         if response.status_code >= 500:
-            return await self._stale_api(target, caller, cached, self.upstream.error(response, resolve=False))
+            return await self.stale_api(target, caller, cached, self.upstream.error(response, resolve=False))
         if response.status_code >= 400:
             error = self.upstream.error(response, resolve=False, infer=False)  # upstream's code, or none
             if immutable and isinstance(error, EntryNotFound):
@@ -111,19 +119,22 @@ class ApiService(ServiceCore):
             return None  # upstream refused the revision: the listing's own answer will say why
         if answer.outcome is _STALE:
             raise UpstreamUnavailable(f"upstream did not answer for {target.repo.key}@{target.revision}")
-        return self._known_commit(target.repo, target.revision, fresh=True)
+        return self.core.known_commit(target.repo, target.revision, fresh=True)
 
-    async def _stale_api(self, target: hf.ApiTarget, caller: Caller, cached: ApiEntry | None,
-                         cause: MirrorError) -> ApiResult:
+    async def stale_api(self, target: hf.ApiTarget, caller: Caller, cached: ApiEntry | None,
+                        cause: MirrorError) -> ApiResult:
+        """``cached`` served stale when upstream failed (``cause``), if the repo's stale-access rule lets the caller
+        have it (counted); else the refusal, or ``cause`` when nothing is stored."""
         if cached is None:
             raise cause
         if not self.access.may_serve_stale(target.repo, "meta", caller):
-            raise self._unconfirmed(caller, target.repo, "meta")
+            raise self.core.unconfirmed(caller, target.repo, "meta")
         self.metrics.stale_served.inc()
         log.warning("serving API %s %s stale: %s", target.repo.key, target.sub or "info", cause.message)
         return ApiResult(cached.status, cached.headers, cached.body, _STALE)
 
-    async def _check_meta_access(self, target: hf.ApiTarget, caller: Caller, cached: ApiEntry) -> None:
+    async def check_meta_access(self, target: hf.ApiTarget, caller: Caller, cached: ApiEntry) -> None:
+        """Raise unless ``caller`` may read the repo's metadata (public, or confirmed upstream for its token)."""
         async def probe(token: str | None) -> None:
             if self.settings.offline:
                 raise UpstreamUnavailable("offline")
@@ -157,5 +168,5 @@ def _rewrite_json(body: bytes, route: str, target: hf.ApiTarget, revision: str |
         service.xet.learn_listing(target.repo, xet_commit, data)
     hf.strip_xet_json(data)
     if revision and route == "revision" and isinstance(data, dict) and hf.is_commit(str(data.get("sha", ""))):
-        service._remember_ref(target.repo, revision, data["sha"])  # noqa: SLF001
+        service.core.remember_ref(target.repo, revision, data["sha"])
     return json.dumps(data, separators=(",", ":")).encode()

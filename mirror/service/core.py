@@ -1,5 +1,9 @@
-"""What both sides of the service share: the parts it holds, what it remembers of refs (a branch or tag maps to a
-commit for ``revision_ttl`` seconds), and the refusal when a caller's access cannot be confirmed."""
+"""What the service's sides share, built once: the parts (settings, index, store, upstream, fills, access, metrics...),
+what is remembered of refs (a branch or tag maps to a commit for ``revision_ttl`` seconds), the questions in flight
+(access probes, visibility), and the refusal when a caller's access cannot be confirmed.
+
+The sides (:class:`~mirror.service.files.FileService`, :class:`~mirror.service.api.ApiService`,
+:class:`~mirror.service.reads.ReadService`) each hold this one core; its mutable state lives here and nowhere else."""
 
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ from mirror.upstream import UpstreamClient
 
 
 class ServiceCore:
+    """The parts the service's sides ask, and the state they share (one instance per service)."""
+
     def __init__(self, settings: Settings, index: MetadataIndex, store: BlobStore, upstream: UpstreamClient,
                  fills: FillManager, access: AccessPolicy, metrics: Metrics,
                  make_room: Callable[[int, int], Awaitable[bool]] | None = None,
@@ -36,7 +42,8 @@ class ServiceCore:
         self.make_room = make_room
         self.on_hit = on_hit  # a stored blob was served: the scrub checks it (once per file, in the background)
         self.admission = admission  # the admission policy (mirror.admission); None: every file admitted
-        self._probes: dict[tuple[str, str, str], asyncio.Future[object]] = {}  # access probes in flight (files)
+        # Content-access probes in flight, per (repo, token digest, guard): FileService's, shared by concurrent HEADs.
+        self.probes: dict[tuple[str, str, str], asyncio.Future[object]] = {}
         self._visibility: dict[str, asyncio.Future[None]] = {}  # learn_visibility's questions in flight
         # Upstream's Xet hashes (a mirror.xet.XetCatalog, typed Any: mirror.xet imports the service) when the
         # mirror serves Xet: learned from upstream's answers, put back on tree / paths-info answers.
@@ -57,28 +64,32 @@ class ServiceCore:
             entry = self.index.get_ref(repo, revision)
         return entry.commit if entry else None
 
-    async def _fleet_commit(self, repo: hf.RepoRef, revision: str) -> str | None:
+    async def fleet_commit(self, repo: hf.RepoRef, revision: str) -> str | None:
         """What the fleet's database says ``revision`` is (resolved by another node within the ttl), if shared."""
         if self.shared is None or self.settings.offline:
             return None
         return await self.shared.commit_of(repo, revision, self.settings.revision_ttl)
 
-    async def _fleet_file(self, repo: hf.RepoRef, commit: str, path: str) -> FileEntry | None:
+    async def fleet_file(self, repo: hf.RepoRef, commit: str, path: str) -> FileEntry | None:
+        """What the fleet's database knows ``path`` is at ``commit`` (another node asked upstream), if shared."""
         return await self.shared.file(repo, commit, path) if self.shared is not None else None
 
-    def _known_commit(self, repo: hf.RepoRef, revision: str, *, fresh: bool) -> str | None:
+    def known_commit(self, repo: hf.RepoRef, revision: str, *, fresh: bool) -> str | None:
+        """:meth:`commit_of`; offline, a ref past its ttl still answers (upstream cannot be asked)."""
         commit = self.commit_of(repo, revision, fresh=fresh)
         if commit is None and fresh and self.settings.offline:  # offline, the ref as last known
             commit = self.commit_of(repo, revision, fresh=False)
         return commit
 
-    def _remember_ref(self, repo: hf.RepoRef, revision: str, commit: str) -> None:
+    def remember_ref(self, repo: hf.RepoRef, revision: str, commit: str) -> None:
+        """Upstream named ``commit`` for ``revision``: kept in the index (and the fleet's database) for both sides."""
         if revision != commit and hf.is_commit(commit):
             self.index.put_ref(repo, revision, commit)
             if self.shared is not None:
                 self.shared.share_ref(repo, revision, commit)
 
-    def _remember_file(self, repo: hf.RepoRef, entry: FileEntry) -> None:
+    def remember_file(self, repo: hf.RepoRef, entry: FileEntry) -> None:
+        """What a path is at a commit (or that it is missing), kept in the index (and the fleet's database)."""
         self.index.put_file(repo, entry)
         if self.shared is not None:
             self.shared.share_file(repo, entry)
@@ -114,7 +125,8 @@ class ServiceCore:
                 self.access.record_public(repo, "content", None, public=not info.get("private") and
                                           info.get("gated") in (False, None))
 
-    def _unconfirmed(self, caller: Caller, repo: hf.RepoRef | None = None, kind: str = "content") -> MirrorError:
+    def unconfirmed(self, caller: Caller, repo: hf.RepoRef | None = None, kind: str = "content") -> MirrorError:
+        """The refusal when a stored answer may not be served stale: upstream could not confirm the caller's access."""
         if self.settings.offline:
             return offline_refusal(caller, unknown=repo is not None and self.access.visibility_unknown(repo, kind))
         return UpstreamUnavailable("Upstream is unreachable and access to this repo cannot be confirmed")

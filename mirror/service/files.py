@@ -42,14 +42,23 @@ _PROBE_PATH = ".hf-mirror-access-check"
 _HIT, _MISS, _STALE, _PASSTHROUGH = Outcome.HIT, Outcome.MISS, Outcome.STALE, Outcome.PASSTHROUGH
 
 
-class FileService(ServiceCore):
+class FileService:
+    """The file side: resolve a path at a revision, check content access, decide where a file's bytes come from."""
+
+    def __init__(self, core: ServiceCore) -> None:
+        self.core = core  # the shared state (refs, probes in flight) and the rules both sides apply
+        # The parts the methods ask, as the core holds them (references, never replaced).
+        self.settings, self.index, self.store, self.upstream = core.settings, core.index, core.store, core.upstream
+        self.fills, self.access, self.metrics, self.xet = core.fills, core.access, core.metrics, core.xet
+        self.make_room, self.on_hit, self.admission = core.make_room, core.on_hit, core.admission
+
     async def resolve_file(self, target: hf.ResolveTarget, caller: Caller) -> ResolvedFile:
         """What ``target`` is: commit, etag, size. Raises the Hub's errors (EntryNotFound carries the commit)."""
         repo, revision, path = target.repo, target.revision, target.path
-        commit = self._known_commit(repo, revision, fresh=True) or await self._fleet_commit(repo, revision)
+        commit = self.core.known_commit(repo, revision, fresh=True) or await self.core.fleet_commit(repo, revision)
         if commit is not None:
             entry = (self.index.get_file(repo, commit, path) or entry_from_listing(self.index, repo, commit, path)
-                     or await self._fleet_file(repo, commit, path))
+                     or await self.core.fleet_file(repo, commit, path))
             if entry is not None:
                 if not self.access.is_public(repo, "content"):  # a public repo's hit makes no coroutine for it
                     await self._check_content_access(repo, revision, path, caller)
@@ -60,8 +69,8 @@ class FileService(ServiceCore):
             meta = await self.upstream.head_file(repo, revision, path, caller.token, caller.check)
         except EntryNotFound as exc:
             if exc.commit:
-                self._remember_ref(repo, revision, exc.commit)
-                self._remember_file(repo, FileEntry(exc.commit, path, missing=True))
+                self.core.remember_ref(repo, revision, exc.commit)
+                self.core.remember_file(repo, FileEntry(exc.commit, path, missing=True))
             raise
         except UpstreamUnavailable as exc:
             return self._stale_file(target, caller, exc)
@@ -69,9 +78,9 @@ class FileService(ServiceCore):
             if exc.status in (401, 403, 404):
                 self.access.record_public(repo, "content", caller.token, public=False)
             raise
-        self._remember_ref(repo, revision, meta.commit)
+        self.core.remember_ref(repo, revision, meta.commit)
         entry = FileEntry(meta.commit, path, blob_key(meta.etag), meta.size, lfs=bool(hf.SHA256_RE.match(meta.etag)))
-        self._remember_file(repo, entry)
+        self.core.remember_file(repo, entry)
         if self.xet is not None and entry.lfs:
             self.xet.record(repo, meta.commit, path, meta.xet_hash, entry.etag, meta.size)
         self.access.record_public(repo, "content", caller.token)
@@ -84,14 +93,14 @@ class FileService(ServiceCore):
         return ResolvedFile(repo, entry, outcome)
 
     def _stale_file(self, target: hf.ResolveTarget, caller: Caller, cause: MirrorError) -> ResolvedFile:
-        commit = self._known_commit(target.repo, target.revision, fresh=False)
+        commit = self.core.known_commit(target.repo, target.revision, fresh=False)
         entry = self.index.get_file(target.repo, commit, target.path) if commit else None
         if entry is None:
             if isinstance(cause, UpstreamUnavailable):
                 raise type(cause)(f"{cause.message}; {target.path} is not cached on the mirror")
             raise cause
         if not self.access.may_serve_stale(target.repo, "content", caller):
-            raise self._unconfirmed(caller, target.repo, "content")
+            raise self.core.unconfirmed(caller, target.repo, "content")
         self.metrics.stale_served.inc()
         log.warning("serving %s %s stale: %s", target.repo.key, target.path, cause.message)
         return self._found(target.repo, entry, _STALE)
@@ -106,14 +115,15 @@ class FileService(ServiceCore):
             # One probe at a time per repo and token: the HEADs a client sends at once for many files of a repo
             # (snapshot_download, 8 threads) share the first one's answer instead of asking upstream each.
             key = (repo.key, token_digest(token), _guard_key(caller.check))
-            task = self._probes.get(key)
+            probes = self.core.probes  # the core's one table, shared by every request of the service
+            task = probes.get(key)
             if task is None:
-                self._probes[key] = task = asyncio.ensure_future(
+                probes[key] = task = asyncio.ensure_future(
                     self.upstream.head_file(repo, revision, path, token, caller.check))
                 # Kept a moment after it ends: a HEAD that arrives between the answer and the access memo's update
                 # still shares it instead of asking upstream again.
                 task.add_done_callback(lambda done: asyncio.get_running_loop().call_later(
-                    _PROBE_LINGER, lambda: self._probes.pop(key, None) if self._probes.get(key) is done else None))
+                    _PROBE_LINGER, lambda: probes.pop(key, None) if probes.get(key) is done else None))
             await asyncio.shield(task)
 
         await self.access.check(repo, "content", caller, probe)

@@ -20,6 +20,7 @@ from mirror.metrics import Outcome
 from mirror.routetable import Caching, ReadRoute
 from mirror.service.answers import ApiResult
 from mirror.service.api import ApiService
+from mirror.service.core import ServiceCore
 
 
 def own_caller(caller: Caller) -> Caller:
@@ -27,7 +28,17 @@ def own_caller(caller: Caller) -> Caller:
     return Caller(caller.token if caller.own_token else None, own_token=caller.own_token, check=caller.check)
 
 
-class ReadService(ApiService):
+class ReadService:
+    """The routes of the route table, cached as it says; a per-repo answer is guarded by the API side's rules."""
+
+    def __init__(self, core: ServiceCore, api_service: ApiService) -> None:
+        self.core = core
+        # The API side: a route cached per repo is behind its metadata access check and its stale-access rule.
+        self.api_service = api_service
+        # The parts the methods ask, as the core holds them (references, never replaced).
+        self.settings, self.index, self.upstream = core.settings, core.index, core.upstream
+        self.access, self.metrics = core.access, core.metrics
+
     def read_query(self, route: ReadRoute, query: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """The query parameters the route reads; the rest never leaves the mirror."""
         return [(k, v) for k, v in query if k in route.params]
@@ -35,7 +46,7 @@ class ReadService(ApiService):
     async def read(self, route: ReadRoute, target: hf.ApiTarget | None, raw_path: str,
                    query: list[tuple[str, str]], caller: Caller, *, revalidate: bool = False) -> ApiResult:
         """A stored answer (fresh, or stale when upstream cannot be asked) or upstream's, stored as the table says.
-        Only for routes cached (``route.caching`` is not NONE); those are relayed (:meth:`relay`).
+        Only for routes cached (``route.caching`` is not NONE); the others are relayed (:meth:`ApiService.relay`).
         ``revalidate``: the caller asked ``Cache-Control: no-cache`` (the nightly sync's listings): upstream first."""
         caller = own_caller(caller)
         query = self.read_query(route, query)
@@ -55,7 +66,7 @@ class ReadService(ApiService):
         fresh = cached is not None and not revalidate and time.time() - cached.fetched_at < ttl
         if cached is not None and fresh:
             if by_repo is not None:
-                await self._check_meta_access(by_repo, caller, cached)
+                await self.api_service.check_meta_access(by_repo, caller, cached)
             return ApiResult(cached.status, cached.headers, cached.body, Outcome.HIT)
         if self.settings.offline:
             if cached is not None:
@@ -95,7 +106,7 @@ class ReadService(ApiService):
                 raise UpstreamTimeout(cause.message) from None  # nothing to answer with: a gateway timeout
             raise cause
         if target is not None:
-            await self._stale_api(target, caller, cached, cause)  # the repo's stale-access rule, and the count
+            await self.api_service.stale_api(target, caller, cached, cause)  # the repo's stale-access rule; counted
         else:
             self.metrics.stale_served.inc()
         return ApiResult(cached.status, cached.headers, cached.body, Outcome.STALE)

@@ -201,19 +201,24 @@ def test_routes_never_touch_upstream_store_or_index() -> None:
 
 # The services a route asks (mirror.service's MirrorService, mirror.viewer's ViewerService): a route calls their methods
 # and reads their answers; it never reaches a part they hold (``self.service.index.get_ref``,
-# ``service.upstream.base``).
+# ``service.upstream.base``), nor a side the service is composed of (``self.service.file_service.index``,
+# ``self.service.core.probes``).
 SERVICES = ("mirror.service", "mirror.viewer.service")
+# What MirrorService holds as attributes (its core and the sides built over it) and shows as properties (parts of the
+# core a route may test for None, never reach through): a chain through any of them is a chain through a part.
+SERVICE_PARTS = {"core", "file_service", "api_service", "read_service", "admission", "xet"}
 
 
 def service_methods() -> set[str]:
-    """Every method (and property) of the classes of the service modules."""
+    """Every method of the classes of the service modules (a property is a part, not a method)."""
     names: set[str] = set()
     for name, path in modules().items():
         if _within(name, SERVICES):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.ClassDef):
-                    names |= {item.name for item in node.body if isinstance(item, (ast.FunctionDef,
-                                                                                     ast.AsyncFunctionDef))}
+                    names |= {item.name for item in node.body
+                              if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                              and not any(isinstance(d, ast.Name) and d.id == "property" for d in item.decorator_list)}
     return names
 
 
@@ -237,6 +242,7 @@ def test_routes_reach_no_part_through_the_service() -> None:
     stay private to it: an attribute chain through the service is knowledge leaking past the import graph."""
     methods = service_methods()
     assert {"resolve_file", "open_blob", "open_xorb", "commit_of", "pointed_at"} <= methods
+    assert not SERVICE_PARTS & methods, "a part of the service named like a method would let a chain through it pass"
     offenders = {name: chains for name, path in modules().items() if _within(name, ROUTES)
                  if (chains := service_chains(path.read_text(), methods))}
     assert not offenders, f"give the service a method for what these routes reach through it: {offenders}"
@@ -248,6 +254,8 @@ def test_the_service_chain_rule_finds_one() -> None:
         "1: self.service.index.get_ref"]
     assert service_chains("y = service.upstream.upstream.base", methods) == ["1: service.upstream.upstream"]
     assert service_chains("z = self.service.commit_of(repo, rev).upper()", methods) == []
+    assert service_chains("w = self.service.file_service.index", methods) == ["1: self.service.file_service.index"]
+    assert service_chains("v = self.service.admission is None", methods) == []
 
 
 def test_policy_imports_no_web_framework_or_http_client() -> None:
