@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mirror.errors import BadRequest, ConfigError, IntegrityError, RepoPinned
+from mirror.errors import BadRequest, ConfigError, RepoPinned
 from mirror.hf import RepoRef, RepoType, validate_repo_id, validate_revision
 from mirror.integrity import hash_file
-from mirror.storage.base import BlobInfo
+from mirror.storage.base import BlobInfo, discard_bad_copy
 
 log = logging.getLogger("hf_mirror.cache")
 
@@ -26,8 +26,10 @@ _PARTIAL_MAX_AGE = 7 * 24 * 3600.0  # a partial nobody resumed for a week is dro
 class VerifyReport:
     checked: int
     checked_bytes: int
-    corrupt: tuple[BlobInfo, ...]
+    corrupt: tuple[BlobInfo, ...]  # the stored (shared) copy fails its check
     removed: bool
+    # This node's own copy failed its check, the shared copy passed its own (S3: a hot-tier copy, the bucket good).
+    bad_local: tuple[BlobInfo, ...] = ()
 
 
 def repo_from_spec(spec: str, default_type: str = "model") -> RepoRef:
@@ -99,42 +101,54 @@ class Maintenance:
 
     async def verify(self, *, remove: bool = True, jobs: int = 4,
                      on_result: Callable[[BlobInfo, bool], None] | None = None) -> VerifyReport:
-        """Re-hash every committed blob against its etag; corrupt ones are deleted when ``remove`` (the next request
-        fills them again). Idle blobs only: a blob being filled is not committed yet, so it is never listed."""
+        """Re-hash every committed blob against its etag. Idle blobs only: a blob being filled is not committed yet,
+        so it is never listed.
+
+        This node's copy is hashed where it has one; where it fails, or is missing, the shared copy is hashed (the
+        bucket object on S3, streamed past the hot tier). With ``remove``, a bad local copy is dropped, and the shared
+        copy is deleted only when it fails its own check (the next request fills it again): a local fault never
+        destroys the copy the other nodes read."""
         sizes = await asyncio.to_thread(self._expected_sizes)
         blobs = await self.blobs()
         semaphore = asyncio.Semaphore(max(1, jobs))
         corrupt: list[BlobInfo] = []
+        bad_local: list[BlobInfo] = []
         checked = 0
         checked_bytes = 0
 
         async def check(blob: BlobInfo) -> None:
             nonlocal checked, checked_bytes
             async with semaphore:
-                try:
-                    path = await self.store.local_path(blob.etag)
-                except IntegrityError:  # a bucket blob is hashed on its way to this disk: the stored one is bad
-                    ok = False
-                else:
-                    if path is None:
-                        return  # evicted or removed meanwhile
-                    size = sizes.get(blob.etag, blob.size)
-                    try:
-                        ok = await asyncio.to_thread(hash_file, path, blob.etag, size)
-                    except FileNotFoundError:
-                        return
+                local_ok: bool | None = None
+                path = self.store.cached_path(blob.etag)
+                if path is not None:
+                    with contextlib.suppress(FileNotFoundError):  # evicted meanwhile: the shared copy is checked
+                        local_ok = await asyncio.to_thread(hash_file, path, blob.etag,
+                                                           sizes.get(blob.etag, blob.size))
+                if local_ok:
+                    shared_ok: bool | None = True
+                elif local_ok is False and remove:
+                    discarded = await discard_bad_copy(self.store, blob.etag)
+                    shared_ok = not discarded.shared
+                else:  # no copy here, or a bad one kept (--keep): the shared copy decides
+                    shared_ok = await self.store.verify_shared(blob.etag)
+                    if shared_ok is None:
+                        return  # removed meanwhile
+                    if shared_ok is False and remove:
+                        await self.store.delete(blob.etag)
                 checked += 1
                 checked_bytes += blob.size
-                if not ok:
+                if not shared_ok:
                     corrupt.append(blob)
+                elif local_ok is False:
+                    bad_local.append(blob)
+                if not (shared_ok and local_ok is not False):
                     self.metrics.integrity_failures.inc()
-                    if remove:
-                        await self.store.delete(blob.etag)
                 if on_result is not None:
-                    on_result(blob, ok)
+                    on_result(blob, bool(shared_ok) and local_ok is not False)
 
         await asyncio.gather(*(check(b) for b in blobs))
-        return VerifyReport(checked, checked_bytes, tuple(corrupt), removed=remove)
+        return VerifyReport(checked, checked_bytes, tuple(corrupt), removed=remove, bad_local=tuple(bad_local))
 
     def _expected_sizes(self) -> dict[str, int]:
         return {entry.etag: entry.size for _t, _r, entry in self.index.iter_files() if entry.etag and not entry.missing}
