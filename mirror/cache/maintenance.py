@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from mirror.errors import BadRequest, ConfigError, RepoPinned
 from mirror.hf import RepoRef, RepoType, validate_repo_id, validate_revision
 from mirror.integrity import hash_file
-from mirror.storage.base import BlobInfo, discard_bad_copy
+from mirror.storage.base import BlobInfo
 
 log = logging.getLogger("hf_mirror.cache")
 
@@ -104,10 +104,10 @@ class Maintenance:
         """Re-hash every committed blob against its etag. Idle blobs only: a blob being filled is not committed yet,
         so it is never listed.
 
-        This node's copy is hashed where it has one; where it fails, or is missing, the shared copy is hashed (the
-        bucket object on S3, streamed past the hot tier). With ``remove``, a bad local copy is dropped, and the shared
-        copy is deleted only when it fails its own check (the next request fills it again): a local fault never
-        destroys the copy the other nodes read."""
+        The stored copy is hashed (on S3 the bucket object, streamed past the hot tier), and this node's own copy
+        where it keeps one (S3's hot tier). With ``remove``, a bad local copy is dropped, and the stored copy is
+        deleted only when it fails its own check (the next request fills it again): a local fault never destroys
+        the copy the other nodes read."""
         sizes = await asyncio.to_thread(self._expected_sizes)
         blobs = await self.blobs()
         semaphore = asyncio.Semaphore(max(1, jobs))
@@ -119,33 +119,31 @@ class Maintenance:
         async def check(blob: BlobInfo) -> None:
             nonlocal checked, checked_bytes
             async with semaphore:
-                local_ok: bool | None = None
-                path = self.store.cached_path(blob.etag)
+                local_ok = True
+                path = self.store.cached_path(blob.etag) if self.store.has_hot_tier else None
                 if path is not None:
-                    with contextlib.suppress(FileNotFoundError):  # evicted meanwhile: the shared copy is checked
+                    with contextlib.suppress(FileNotFoundError):  # evicted meanwhile
                         local_ok = await asyncio.to_thread(hash_file, path, blob.etag,
                                                            sizes.get(blob.etag, blob.size))
-                if local_ok:
-                    shared_ok: bool | None = True
-                elif local_ok is False and remove:
-                    discarded = await discard_bad_copy(self.store, blob.etag)
-                    shared_ok = not discarded.shared
-                else:  # no copy here, or a bad one kept (--keep): the shared copy decides
-                    shared_ok = await self.store.verify_shared(blob.etag)
-                    if shared_ok is None:
-                        return  # removed meanwhile
-                    if shared_ok is False and remove:
-                        await self.store.delete(blob.etag)
+                shared_ok = await self.store.verify_shared(blob.etag)
+                if shared_ok is None:
+                    if not local_ok and remove:
+                        await self.store.drop_local(blob.etag)
+                    return  # removed meanwhile
                 checked += 1
                 checked_bytes += blob.size
                 if not shared_ok:
                     corrupt.append(blob)
-                elif local_ok is False:
+                    if remove:
+                        await self.store.delete(blob.etag)  # every node's copy goes with it
+                elif not local_ok:
                     bad_local.append(blob)
-                if not (shared_ok and local_ok is not False):
+                    if remove:
+                        await self.store.drop_local(blob.etag)
+                if not (shared_ok and local_ok):
                     self.metrics.integrity_failures.inc()
                 if on_result is not None:
-                    on_result(blob, bool(shared_ok) and local_ok is not False)
+                    on_result(blob, shared_ok and local_ok)
 
         await asyncio.gather(*(check(b) for b in blobs))
         return VerifyReport(checked, checked_bytes, tuple(corrupt), removed=remove, bad_local=tuple(bad_local))

@@ -53,6 +53,9 @@ CopyProgress = Callable[[Path, int], None]
 @runtime_checkable
 class BlobStore(Protocol):
     partials_dir: Path  # this node's partial files (fills in progress), whichever store holds the blobs
+    # This node keeps copies of its own beside the shared blobs (S3's hot tier): a bad one is a local fault, and the
+    # shared copy is checked on its own. False where this node's file is the stored blob itself (local).
+    has_hot_tier: bool
     # Subscribes to changes of ``etag``'s lease anywhere (``async with watch_lease(etag) as change``), so followers
     # are told instead of polling; None where the store has no notifications (followers poll the lease).
     watch_lease: Callable[[str], AbstractAsyncContextManager[Any]] | None
@@ -110,7 +113,7 @@ class BlobStore(Protocol):
 
     async def drop_local(self, etag: str) -> bool:
         """Remove this node's own copy of the blob, leaving the shared copy alone; True when one was removed. False,
-        and nothing removed, where this node's file *is* the stored blob (the local backend)."""
+        and nothing removed, where this node's file *is* the stored blob (``has_hot_tier`` is False)."""
         ...
 
     async def verify_shared(self, etag: str, pace: Callable[[int], None] | None = None) -> bool | None:
@@ -159,8 +162,9 @@ async def discard_bad_copy(store: BlobStore, etag: str, *, check_shared: bool = 
     """This node's file of ``etag`` failed its check: drop it. The shared copy is deleted only when it fails a check
     of its own (``check_shared=False`` leaves it to the next copy from it, which is hashed on its way in), or when
     this node's file was the shared copy (the local backend)."""
-    if not await store.drop_local(etag):
+    if not store.has_hot_tier:  # this node's file is the stored blob: it is the one that failed
         return Discarded(local=False, shared=await store.delete(etag))
+    dropped = await store.drop_local(etag)
     if check_shared and await store.verify_shared(etag, pace) is False:
-        return Discarded(local=True, shared=await store.delete(etag))
-    return Discarded(local=True, shared=False)
+        return Discarded(local=dropped, shared=await store.delete(etag))
+    return Discarded(local=dropped, shared=False)

@@ -28,6 +28,8 @@ _TOUCH_EVERY = 60.0  # seconds: a blob's last-access time is refreshed at most t
 
 
 class LocalBlobStore:
+    has_hot_tier = False  # the disk is the store
+
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.blobs_dir = self.root / "blobs"

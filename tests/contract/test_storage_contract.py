@@ -259,6 +259,7 @@ async def test_a_bad_local_copy_is_dropped_and_the_shared_copy_kept(stores: Stor
     data = os.urandom(200_000)
     etag, partial = write_partial(store, data)
     path = await store.commit(etag, partial)
+    assert store.has_hot_tier is (stores.backend == "s3")
     flip_a_byte(path)
     discarded = await discard_bad_copy(store, etag)
     if stores.backend == "local":

@@ -35,6 +35,8 @@ _READ_CHUNK = 4 * 1024 * 1024
 
 
 class S3BlobStore:
+    has_hot_tier = True  # this node's copies of bucket objects: a fault in one is this node's alone
+
     def __init__(self, cache_dir: Path, *, bucket: str, prefix: str = "", endpoint: str | None = None,
                  region: str = "us-east-1", hot_tier_max_size: int | None = None, max_attempts: int = 3,
                  leases: FillLeases | None = None) -> None:
