@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mirror.errors import BadRequest, ConfigError, IntegrityError, RepoPinned
+from mirror.errors import BadRequest, ConfigError, RepoPinned
 from mirror.hf import RepoRef, RepoType, validate_repo_id, validate_revision
 from mirror.integrity import hash_file
 from mirror.storage.base import BlobInfo
@@ -26,8 +26,10 @@ _PARTIAL_MAX_AGE = 7 * 24 * 3600.0  # a partial nobody resumed for a week is dro
 class VerifyReport:
     checked: int
     checked_bytes: int
-    corrupt: tuple[BlobInfo, ...]
+    corrupt: tuple[BlobInfo, ...]  # the stored (shared) copy fails its check
     removed: bool
+    # This node's own copy failed its check, the shared copy passed its own (S3: a hot-tier copy, the bucket good).
+    bad_local: tuple[BlobInfo, ...] = ()
 
 
 def repo_from_spec(spec: str, default_type: str = "model") -> RepoRef:
@@ -99,42 +101,52 @@ class Maintenance:
 
     async def verify(self, *, remove: bool = True, jobs: int = 4,
                      on_result: Callable[[BlobInfo, bool], None] | None = None) -> VerifyReport:
-        """Re-hash every committed blob against its etag; corrupt ones are deleted when ``remove`` (the next request
-        fills them again). Idle blobs only: a blob being filled is not committed yet, so it is never listed."""
+        """Re-hash every committed blob against its etag. Idle blobs only: a blob being filled is not committed yet,
+        so it is never listed.
+
+        The stored copy is hashed (on S3 the bucket object, streamed past the hot tier), and this node's own copy
+        where it keeps one (S3's hot tier). With ``remove``, a bad local copy is dropped, and the stored copy is
+        deleted only when it fails its own check (the next request fills it again): a local fault never destroys
+        the copy the other nodes read."""
         sizes = await asyncio.to_thread(self._expected_sizes)
         blobs = await self.blobs()
         semaphore = asyncio.Semaphore(max(1, jobs))
         corrupt: list[BlobInfo] = []
+        bad_local: list[BlobInfo] = []
         checked = 0
         checked_bytes = 0
 
         async def check(blob: BlobInfo) -> None:
             nonlocal checked, checked_bytes
             async with semaphore:
-                try:
-                    path = await self.store.local_path(blob.etag)
-                except IntegrityError:  # a bucket blob is hashed on its way to this disk: the stored one is bad
-                    ok = False
-                else:
-                    if path is None:
-                        return  # evicted or removed meanwhile
-                    size = sizes.get(blob.etag, blob.size)
-                    try:
-                        ok = await asyncio.to_thread(hash_file, path, blob.etag, size)
-                    except FileNotFoundError:
-                        return
+                local_ok = True
+                path = self.store.cached_path(blob.etag) if self.store.has_hot_tier else None
+                if path is not None:
+                    with contextlib.suppress(FileNotFoundError):  # evicted meanwhile
+                        local_ok = await asyncio.to_thread(hash_file, path, blob.etag,
+                                                           sizes.get(blob.etag, blob.size))
+                shared_ok = await self.store.verify_shared(blob.etag)
+                if shared_ok is None:
+                    if not local_ok and remove:
+                        await self.store.drop_local(blob.etag)
+                    return  # removed meanwhile
                 checked += 1
                 checked_bytes += blob.size
-                if not ok:
+                if not shared_ok:
                     corrupt.append(blob)
-                    self.metrics.integrity_failures.inc()
                     if remove:
-                        await self.store.delete(blob.etag)
+                        await self.store.delete(blob.etag)  # every node's copy goes with it
+                elif not local_ok:
+                    bad_local.append(blob)
+                    if remove:
+                        await self.store.drop_local(blob.etag)
+                if not (shared_ok and local_ok):
+                    self.metrics.integrity_failures.inc()
                 if on_result is not None:
-                    on_result(blob, ok)
+                    on_result(blob, shared_ok and local_ok)
 
         await asyncio.gather(*(check(b) for b in blobs))
-        return VerifyReport(checked, checked_bytes, tuple(corrupt), removed=remove)
+        return VerifyReport(checked, checked_bytes, tuple(corrupt), removed=remove, bad_local=tuple(bad_local))
 
     def _expected_sizes(self) -> dict[str, int]:
         return {entry.etag: entry.size for _t, _r, entry in self.index.iter_files() if entry.etag and not entry.missing}

@@ -3,6 +3,10 @@ it was stored is served at most until its check ends, then removed and fetched a
 
 A blob is checked after its first hit in a process (a fill's own commit counts as checked), and the whole store
 every ``_SCRUB_CYCLE_PAUSE``; the file's identity (inode, size, mtime) tells a rewrite from the file it checked.
+
+The scrub reads this node's disk only. A bad copy there is a local fault: on a shared store (S3) only this node's copy
+is removed, and the bucket object is deleted only if it fails a check of its own
+(:func:`mirror.storage.base.discard_bad_copy`); on the local backend the file is the blob, and it is removed.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ import os
 import time
 from collections.abc import Callable
 
+from mirror.errors import MirrorError
 from mirror.integrity import hash_file
 from mirror.metrics import Metrics
-from mirror.storage.base import BlobStore
+from mirror.storage.base import BlobStore, discard_bad_copy
 
 log = logging.getLogger("hf_mirror.scrub")
 
@@ -123,6 +128,14 @@ class Scrubber:
             self._remember_good(key)
             return
         self.metrics.integrity_failures.inc()
-        log.error("scrub: stored blob %s does not match its etag (corrupted on disk): removed, the next request "
-                  "fetches it again", etag)
-        await self.store.delete(etag)
+        log.error("scrub: stored blob %s does not match its etag (corrupted on disk)", etag)
+        try:
+            discarded = await discard_bad_copy(self.store, etag, pace=pacer)
+        except MirrorError as exc:  # the shared store is down: this blob is checked again by the next sweep
+            log.error("scrub: could not check the shared copy of blob %s: %s", etag, exc)
+            return
+        if discarded.shared:
+            log.error("scrub: blob %s removed from the store (the next request fetches it again)", etag)
+        else:
+            log.warning("scrub: this node's copy of blob %s removed; the shared copy passed its check (the next "
+                        "request copies it from there)", etag)

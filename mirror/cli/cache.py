@@ -29,6 +29,7 @@ from mirror.config import ConfigError, Settings, format_size
 from mirror.errors import BadRequest
 from mirror.index import index_dir
 from mirror.parts import Parts, build_parts
+from mirror.storage.base import BlobInfo
 
 
 def _when(ts: float) -> str:
@@ -157,14 +158,24 @@ async def _verify(parts: Parts, args: argparse.Namespace) -> int:
     started = time.monotonic()
     report = await parts.cache.verify(remove=not args.keep, jobs=args.jobs)
     owners = parts.cache.blob_repos()
-    for blob in report.corrupt:
+    shared = "the bucket" if parts.settings.storage == "s3" else "the cache"
+
+    def described(blob: BlobInfo) -> str:
         names = ", ".join(f"{t}:{r}" for t, r in sorted(owners.get(blob.etag, set()))) or "no repo"
-        action = "kept (--keep)" if args.keep else "removed"
-        console.print(f"CORRUPT {blob.etag} ({format_size(blob.size)}, {names}): {action}")
+        return f"{blob.etag} ({format_size(blob.size)}, {names})"
+
+    for blob in report.bad_local:  # S3: a hot-tier copy; the bucket object passed its own check
+        action = "kept (--keep)" if args.keep else "removed from this node"
+        console.print(f"CORRUPT LOCAL COPY {described(blob)}: {action}; the copy in {shared} is good "
+                      "(the next request copies it from there)")
+    for blob in report.corrupt:
+        action = "kept (--keep)" if args.keep else f"removed from {shared}"
+        console.print(f"CORRUPT {described(blob)}: {action}")
     console.print(f"verified {report.checked} blobs ({format_size(report.checked_bytes)}) in "
                   f"{time.monotonic() - started:.1f}s: {len(report.corrupt)} corrupt"
+                  + (f", {len(report.bad_local)} corrupt local copies" if report.bad_local else "")
                   + ("" if not report.corrupt or args.keep else "; they are fetched again on the next request"))
-    return 1 if report.corrupt else 0
+    return 1 if report.corrupt or report.bad_local else 0
 
 
 async def _rm(parts: Parts, args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ from mirror.metrics import Outcome
 from mirror.service.answers import BlobSource, Cached, Filling, Relay, ResolvedFile
 from mirror.service.core import ServiceCore
 from mirror.service.listing import entry_from_listing
+from mirror.storage.base import discard_bad_copy
 
 log = logging.getLogger("hf_mirror.service")
 
@@ -283,7 +284,8 @@ class FileService:
             return True
         self.metrics.integrity_failures.inc()
         log.error("stored blob %s is %d bytes, not %d: removed, fetching it again", entry.etag, size, entry.size)
-        await self.store.delete(entry.etag)
+        # This disk's file: on S3 a hot-tier copy, dropped alone (the copy from the bucket is hashed on its way in).
+        await discard_bad_copy(self.store, entry.etag, check_shared=False)
         return False
 
     @asynccontextmanager

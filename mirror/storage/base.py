@@ -4,6 +4,10 @@ Blobs are named by the Hub's etag (sha256 hex for LFS files, git blob sha1 hex f
 once committed. A fill writes into ``partial_path(etag)`` (always a local file: it is also what followers read while
 the fill runs) and publishes with ``commit``, which must be atomic: a reader sees either no blob or the whole blob.
 
+Where the blobs are shared (S3), a node also keeps its own copies (a hot tier). *A local fault never destroys the
+shared copy*: a local copy that fails its check is dropped (``drop_local``), and the shared copy is deleted only when
+it fails a check of its own (``verify_shared``); :func:`discard_bad_copy` is that rule, for every caller.
+
 A lease makes one fill per blob across processes (and, for shared backends, across nodes). A lease has an owner id
 and an expiry; the owner refreshes it while it works, and anyone may take over an expired lease.
 
@@ -49,6 +53,9 @@ CopyProgress = Callable[[Path, int], None]
 @runtime_checkable
 class BlobStore(Protocol):
     partials_dir: Path  # this node's partial files (fills in progress), whichever store holds the blobs
+    # This node keeps copies of its own beside the shared blobs (S3's hot tier): a bad one is a local fault, and the
+    # shared copy is checked on its own. False where this node's file is the stored blob itself (local).
+    has_hot_tier: bool
     # Subscribes to changes of ``etag``'s lease anywhere (``async with watch_lease(etag) as change``), so followers
     # are told instead of polling; None where the store has no notifications (followers poll the lease).
     watch_lease: Callable[[str], AbstractAsyncContextManager[Any]] | None
@@ -101,7 +108,19 @@ class BlobStore(Protocol):
         ...
 
     async def delete(self, etag: str) -> bool:
-        """Remove a committed blob; True when it existed."""
+        """Remove a committed blob, the shared copy included (every node); True when it existed."""
+        ...
+
+    async def drop_local(self, etag: str) -> bool:
+        """Remove this node's own copy of the blob, leaving the shared copy alone; True when one was removed. False,
+        and nothing removed, where this node's file *is* the stored blob (``has_hot_tier`` is False)."""
+        ...
+
+    async def verify_shared(self, etag: str, pace: Callable[[int], None] | None = None) -> bool | None:
+        """Hash the shared copy of the blob (the one every node reads: the bucket object, or the file on the local
+        backend) against its etag: True when it matches, False when it does not, None when there is no such blob.
+        Nothing enters a hot tier. ``pace(n)`` is called in a worker thread after each block read (the scrub's
+        rate limit)."""
         ...
 
     def list_blobs(self) -> AsyncIterator[BlobInfo]:
@@ -128,3 +147,24 @@ class BlobStore(Protocol):
 
     async def read_lease(self, etag: str) -> Lease | None:
         ...
+
+
+@dataclass(frozen=True)
+class Discarded:
+    """What :func:`discard_bad_copy` removed."""
+
+    local: bool  # this node's own copy (the shared copy passed its own check, or was not checked)
+    shared: bool  # the shared copy, which failed its own check (every node fetches the blob again)
+
+
+async def discard_bad_copy(store: BlobStore, etag: str, *, check_shared: bool = True,
+                           pace: Callable[[int], None] | None = None) -> Discarded:
+    """This node's file of ``etag`` failed its check: drop it. The shared copy is deleted only when it fails a check
+    of its own (``check_shared=False`` leaves it to the next copy from it, which is hashed on its way in), or when
+    this node's file was the shared copy (the local backend)."""
+    if not store.has_hot_tier:  # this node's file is the stored blob: it is the one that failed
+        return Discarded(local=False, shared=await store.delete(etag))
+    dropped = await store.drop_local(etag)
+    if check_shared and await store.verify_shared(etag, pace) is False:
+        return Discarded(local=dropped, shared=await store.delete(etag))
+    return Discarded(local=dropped, shared=False)

@@ -18,15 +18,18 @@ import functools
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+from mirror.integrity import hash_file
 from mirror.storage.base import BlobInfo, CopyProgress, Lease, PeerAddress
 
 _TOUCH_EVERY = 60.0  # seconds: a blob's last-access time is refreshed at most this often
 
 
 class LocalBlobStore:
+    has_hot_tier = False  # the disk is the store
+
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.blobs_dir = self.root / "blobs"
@@ -90,6 +93,16 @@ class LocalBlobStore:
         except FileNotFoundError:
             return False
         return True
+
+    async def drop_local(self, etag: str) -> bool:
+        return False  # the disk is the store: this node's file is the shared copy itself
+
+    async def verify_shared(self, etag: str, pace: Callable[[int], None] | None = None) -> bool | None:
+        path = self.blob_path(etag)
+        try:
+            return await asyncio.to_thread(hash_file, path, etag, os.stat(path).st_size, pace=pace)
+        except FileNotFoundError:
+            return None
 
     async def list_blobs(self) -> AsyncIterator[BlobInfo]:
         # Directory scans run in a thread, one shard at a time: a million blobs must not stall the event loop.

@@ -50,8 +50,8 @@ class Stores:
         return {"backend": "s3", "root": str(self.tmp / f"node{node}"), "bucket": self.s3.bucket,
                 "prefix": self.prefix, "endpoint": self.s3.endpoint, **extra}
 
-    async def new(self, **extra: Any) -> Any:
-        store = build(self.spec(len(self.opened), **extra))
+    async def new(self, leases: Any = None, **extra: Any) -> Any:
+        store = build(self.spec(len(self.opened), **extra), leases)
         if hasattr(store, "open"):
             await store.open()
         self.opened.append(store)
@@ -62,13 +62,13 @@ class Stores:
             await store.aclose()
 
 
-def build(spec: dict[str, Any]) -> Any:
+def build(spec: dict[str, Any], leases: Any = None) -> Any:
     if spec["backend"] == "local":
         return LocalBlobStore(Path(spec["root"]))
     from mirror.storage.s3 import S3BlobStore
 
     return S3BlobStore(Path(spec["root"]), bucket=spec["bucket"], prefix=spec["prefix"], endpoint=spec["endpoint"],
-                       hot_tier_max_size=spec.get("hot_tier_max_size"))
+                       hot_tier_max_size=spec.get("hot_tier_max_size"), leases=leases)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -220,6 +220,64 @@ async def test_delete(stores: Stores) -> None:
     assert await second.stat(etag) is None
     assert await first.local_path(etag) is None
     assert await first.delete(etag) is False
+
+
+def flip_a_byte(path: Path) -> None:
+    """A same-size fault on disk: one byte of the file inverted in place."""
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+async def test_verify_shared_hashes_the_copy_every_node_reads(stores: Stores) -> None:
+    first, second = await stores.new(), await stores.new()
+    data = os.urandom(300_000)
+    etag, partial = write_partial(first, data)
+    await first.commit(etag, partial)
+    paced: list[int] = []
+    assert await second.verify_shared(etag, paced.append) is True
+    assert sum(paced) == len(data)
+    assert await second.verify_shared(sha256(b"never stored")) is None
+    if stores.backend == "s3":
+        assert second.cached_path(etag) is None  # hashed as it streamed by: nothing entered the hot tier
+        client = stores.s3.client()  # type: ignore[union-attr]
+        client.put_object(Bucket=stores.s3.bucket, Key=f"{stores.prefix}blobs/{etag[:2]}/{etag}",  # type: ignore[union-attr]
+                          Body=data[:-1] + bytes([data[-1] ^ 1]))
+    else:
+        flip_a_byte(first.blob_path(etag))
+    assert await second.verify_shared(etag) is False
+
+
+async def test_a_bad_local_copy_is_dropped_and_the_shared_copy_kept(stores: Stores) -> None:
+    """A local fault never destroys the shared copy: with a hot tier (S3) only this node's copy goes, and the next read
+    copies the blob from the bucket again; where this node's file is the blob (local), the blob goes."""
+    from mirror.storage.base import Discarded, discard_bad_copy
+
+    store, other = await stores.new(), await stores.new()
+    data = os.urandom(200_000)
+    etag, partial = write_partial(store, data)
+    path = await store.commit(etag, partial)
+    assert store.has_hot_tier is (stores.backend == "s3")
+    flip_a_byte(path)
+    discarded = await discard_bad_copy(store, etag)
+    if stores.backend == "local":
+        assert await store.drop_local(etag) is False
+        assert discarded == Discarded(local=False, shared=True)
+        assert await store.stat(etag) is None and await other.stat(etag) is None
+        return
+    assert discarded == Discarded(local=True, shared=False)
+    assert store.cached_path(etag) is None and await store.drop_local(etag) is False  # nothing left to drop
+    assert await other.verify_shared(etag) is True  # the bucket object survived
+    again = await store.local_path(etag)
+    assert again is not None and again.read_bytes() == data
+    # The bucket object itself bad: then it goes, for every node.
+    client = stores.s3.client()  # type: ignore[union-attr]
+    client.put_object(Bucket=stores.s3.bucket, Key=f"{stores.prefix}blobs/{etag[:2]}/{etag}",  # type: ignore[union-attr]
+                      Body=b"rotten" + data[6:])
+    assert await discard_bad_copy(store, etag) == Discarded(local=True, shared=True)
+    assert await other.stat(etag) is None and store.cached_path(etag) is None
 
 
 async def test_list_blobs(stores: Stores) -> None:
@@ -461,3 +519,132 @@ async def test_s3_outage_hot_hits_still_served_misses_are_503(s3_stores: Stores,
         assert time.monotonic() - started < 5
     finally:
         await down.aclose()
+
+
+# --- s3: a committed blob is uploaded once (issue 25 item 6) ----------------------------------------------------------
+
+
+def uploads_in_flight(stores: Stores) -> list[Any]:
+    listing = stores.s3.client().list_multipart_uploads(Bucket=stores.s3.bucket,  # type: ignore[union-attr]
+                                                        Prefix=stores.prefix)
+    return list(listing.get("Uploads", []))
+
+
+def object_etag(stores: Stores, etag: str) -> str:
+    head = stores.s3.client().head_object(Bucket=stores.s3.bucket,  # type: ignore[union-attr]
+                                          Key=f"{stores.prefix}blobs/{etag[:2]}/{etag}")
+    return str(head["ETag"])
+
+
+def spy_on_completions(store: Any) -> list[str]:
+    """Every multipart completion ``store`` sends to the bucket (the etag of its key)."""
+    completed: list[str] = []
+
+    async def counting(client: Any) -> Any:
+        send = client.complete_multipart_upload
+
+        async def complete(**kwargs: Any) -> Any:
+            completed.append(kwargs["Key"].rsplit("/", 1)[-1])
+            return await send(**kwargs)
+
+        client.complete_multipart_upload = complete
+        return client
+
+    real_client = store.objects.client
+
+    async def client() -> Any:
+        c = await real_client()
+        if not getattr(c, "_spied", False):
+            await counting(c)
+            c._spied = True
+        return c
+
+    store.objects.client = client
+    return completed
+
+
+async def test_s3_a_second_commit_of_a_committed_blob_uploads_nothing(s3_stores: Stores,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    first, second = await s3_stores.new(), await s3_stores.new()
+    data = os.urandom(100_000)
+    etag, partial = write_partial(first, data)
+    await first.commit(etag, partial)
+    committed = object_etag(s3_stores, etag)
+    monkeypatch.setattr("mirror.storage.s3.bucket._SINGLE_PUT_MAX", 1024)  # the second would go up in parts
+    completed = spy_on_completions(second)
+    _, again = write_partial(second, data)
+    path = await second.commit(etag, again)
+    assert path.read_bytes() == data and not again.exists()
+    assert completed == [] and not uploads_in_flight(s3_stores)
+    assert object_etag(s3_stores, etag) == committed  # the object was not written again
+
+
+async def test_s3_an_upload_overtaken_by_a_commit_is_never_completed(s3_stores: Stores,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two fills of one blob race (no database: nothing fences them): the second's parts are up when the first
+    commits. Its look right before the completion finds the object: the upload is aborted, not completed."""
+    winner, loser = await s3_stores.new(), await s3_stores.new()
+    data = os.urandom(100_000)
+    etag, partial = write_partial(winner, data)
+    monkeypatch.setattr("mirror.storage.s3.bucket._SINGLE_PUT_MAX", 1024)
+    completed = spy_on_completions(loser)
+    real_head = loser.objects.head_blob
+    looks = 0
+
+    async def head_blob(tag: str) -> Any:
+        nonlocal looks
+        looks += 1
+        if looks == 2:  # the loser's parts are up, it is about to complete: the winner commits first
+            assert uploads_in_flight(s3_stores)
+            await winner.commit(etag, partial)
+        return await real_head(tag)
+
+    loser.objects.head_blob = head_blob
+    _, mine = write_partial(loser, data)
+    path = await loser.commit(etag, mine)
+    assert looks == 2 and path.read_bytes() == data
+    assert completed == []  # the loser sent no completion: its upload was aborted
+    assert not uploads_in_flight(s3_stores)
+    assert (await loser.verify_shared(etag)) is True
+
+
+async def test_s3_with_a_database_only_the_current_epoch_commits(s3_stores: Stores, postgres: Any) -> None:
+    """The fleet's leases (PostgreSQL): a holder whose lease was granted again to another node (a new epoch) uploads
+    its parts but never completes them; the holder of the current epoch commits."""
+    from mirror.errors import LeaseLost
+    from mirror.metadata.fleet_leases import FleetLeases
+    from mirror.metadata.postgres import PostgresMetadata
+
+    database = postgres.create_database()
+    metadata = [PostgresMetadata(database), PostgresMetadata(database)]
+    leases = [FleetLeases(m, ttl=30) for m in metadata]
+    try:
+        for m in metadata:
+            await m.open()
+        old, new = [await s3_stores.new(leases=lease) for lease in leases]
+    except BaseException:
+        for m in metadata:
+            await m.aclose()
+        raise
+    try:
+        data = os.urandom(100_000)
+        etag, partial = write_partial(old, data)
+        assert await old.acquire_lease(etag, "old", 30)
+        import psycopg
+
+        with psycopg.connect(database, autocommit=True) as conn:  # the old holder's lease lapses unnoticed
+            conn.execute("UPDATE hf_mirror_fill_leases SET expires = now() WHERE etag = %s", (etag,))
+        assert await new.acquire_lease(etag, "new", 30)
+        with pytest.raises(LeaseLost):
+            await old.commit(etag, partial)
+        assert await new.stat(etag) is None and not uploads_in_flight(s3_stores)
+        _, mine = write_partial(new, data)
+        await new.commit(etag, mine)
+        assert await old.verify_shared(etag) is True
+        await new.release_lease(etag, "new")
+    finally:
+        for store in (old, new):
+            await store.aclose()
+        s3_stores.opened.clear()
+        for m in metadata:
+            await m.aclose()

@@ -316,3 +316,95 @@ def test_a_pin_on_one_node_survives_a_gc_on_another(upstream: EmulatorHandle, no
                  "--metadata-url", database, env=fleet.s3.env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert blob_keys(fleet) == {f"blobs/{pinned[:2]}/{pinned}"}, (blob_keys(fleet), result.stdout)
+
+
+# --- a local fault never destroys the shared copy (issue 25 item 5) ---------------------------------------------------
+
+
+def flip_a_byte(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def bucket_object(fleet: Fleet, etag: str) -> bytes | None:
+    client = fleet.s3.client()
+    try:
+        return bytes(client.get_object(Bucket=fleet.s3.bucket, Key=f"{fleet.prefix}blobs/{etag[:2]}/{etag}")
+                     ["Body"].read())
+    except client.exceptions.NoSuchKey:
+        return None
+
+
+def verify_cli(fleet: Fleet, node: MirrorProcess, database: str) -> Any:
+    return cli("cache", "verify", "--cache-dir", str(node.cache_dir), "--storage", "s3",
+               "--s3-endpoint", fleet.s3.endpoint, "--s3-bucket", fleet.s3.bucket, "--s3-prefix", fleet.prefix,
+               "--metadata-url", database, env=fleet.s3.env)
+
+
+def test_a_flipped_byte_in_a_hot_tier_copy_never_deletes_the_bucket_object(upstream: EmulatorHandle, nodes: Fleet,
+                                                                          database: str) -> None:
+    """Node A's scrub, then ``cache verify`` on A, find A's hot-tier copy bad: each removes that copy only, the bucket
+    object (checked on its own) stays, and A serves the right bytes again, copied from the bucket, not upstream."""
+    emu, fleet = upstream, nodes
+    a, b = start_fleet(fleet, emu, database, count=2)
+    data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
+    etag = emu.files.etag(*BIG[:2], "main", BIG[2])
+    status, body, _ = get(a.url + BIG_URL)
+    assert status == 200 and body == data
+    _wait_for(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "the blob in the bucket")
+    hot = a.cache_dir / "blobs" / etag[:2] / etag
+    assert hot.read_bytes() == data
+
+    flip_a_byte(hot)
+    get(a.url + BIG_URL)  # a hit on the bad copy (served this once): the scrub checks it next
+    _wait_for(lambda: "this node's copy of blob" in a.log(), "A's scrub to drop its bad copy")
+    assert not hot.exists() or sha256(hot.read_bytes()) == etag
+    assert bucket_object(fleet, etag) == data  # the bucket object passed its own check and stays
+    assert "removed from the store" not in a.log(), a.log()[-3000:]
+    for node in (a, b):
+        status, body, _ = get(node.url + BIG_URL)
+        assert status == 200 and body == data
+    assert hot.read_bytes() == data  # copied back from the bucket
+    assert emu.fetch_count(*BIG) == 1, emu.stats()["fetches"]
+
+    a.stop()
+    flip_a_byte(hot)
+    result = verify_cli(fleet, a, database)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"CORRUPT LOCAL COPY {etag}" in result.stdout and "removed from this node" in result.stdout, result.stdout
+    assert "0 corrupt, 1 corrupt local copies" in result.stdout, result.stdout
+    assert not hot.exists()
+    assert bucket_object(fleet, etag) == data
+    status, body, _ = get(b.url + BIG_URL)
+    assert status == 200 and body == data
+    assert emu.fetch_count(*BIG) == 1, emu.stats()["fetches"]
+    print("a flipped byte in A's hot-tier copy: the scrub and `cache verify` each dropped that copy only; the bucket "
+          "object stayed, A and B served the right bytes, 1 upstream fetch in all")
+
+
+def test_cache_verify_deletes_a_bucket_object_that_fails_its_own_check(upstream: EmulatorHandle, nodes: Fleet,
+                                                                      database: str) -> None:
+    emu, fleet = upstream, nodes
+    (a,) = start_fleet(fleet, emu, database, count=1)
+    data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
+    etag = emu.files.etag(*BIG[:2], "main", BIG[2])
+    status, body, _ = get(a.url + BIG_URL)
+    assert status == 200 and body == data
+    _wait_for(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "the blob in the bucket")
+    a.stop()
+    hot = a.cache_dir / "blobs" / etag[:2] / etag
+    assert hot.read_bytes() == data  # A's own copy is good: the bucket object is checked anyway
+    rotten = bytearray(data)
+    rotten[len(rotten) // 2] ^= 0xFF
+    fleet.s3.client().put_object(Bucket=fleet.s3.bucket, Key=f"{fleet.prefix}blobs/{etag[:2]}/{etag}",
+                                 Body=bytes(rotten))
+    result = verify_cli(fleet, a, database)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"CORRUPT {etag}" in result.stdout and "removed from the bucket" in result.stdout, result.stdout
+    assert "1 corrupt" in result.stdout
+    assert bucket_object(fleet, etag) is None and not hot.exists()
+    result = verify_cli(fleet, a, database)
+    assert result.returncode == 0 and "verified 0 blobs" in result.stdout, result.stdout + result.stderr

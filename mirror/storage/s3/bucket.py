@@ -1,5 +1,9 @@
 """The bucket: one aiobotocore client, the object keys, and the blob objects (head, get, put once, delete, list).
 
+A blob is put once: the object is looked for before an upload and again right before a multipart completion
+(inside the fleet database's fence when there is one), so a second upload of a committed blob is never completed
+(without a database, two committers that look at the same moment may both write: the same, verified bytes).
+
 The client is aiobotocore (botocore's request signing, retries, credential chain, on aiohttp): every S3 call is a
 coroutine on the mirror's event loop, no thread pool is needed for network I/O.
 """
@@ -99,40 +103,42 @@ class Bucket:
             raise
 
     async def put_blob(self, etag: str, partial: Path, size: int,
-                       fence: Callable[[], AbstractAsyncContextManager[None]] | None = None) -> None:
-        """Upload a blob once: a second writer of the same etag (same bytes by construction) is told it exists,
-        which is success.
+                       fence: Callable[[], AbstractAsyncContextManager[None]] | None = None) -> bool:
+        """Upload a blob once; False when the blob was in the bucket already (this upload is then discarded: the
+        bytes are the same by construction, the object is not written again).
 
-        With ``fence`` (a fleet database's fill lease), the bytes go up as a multipart upload and only its completion
-        runs inside the fence: a holder that lost its lease never completes, and a blob already committed is never
-        completed a second time (the fence holds every other committer of the etag off while this one checks)."""
-        if fence is not None:
-            await self._put_fenced(etag, partial, size, fence)
-        elif size <= _SINGLE_PUT_MAX:
-            await self._put_small(etag, partial)
-        else:
-            await self._put_multipart(etag, partial, size)
+        Nothing here depends on the store's conditional writes. The object is looked for before anything goes up,
+        and a multipart upload looks again right before its completion: a blob already committed is never
+        completed a second time. With ``fence`` (a fleet database's fill lease) that last look and the completion
+        run inside the fence, which holds every other committer of the etag off and admits only the current
+        holder: a holder that lost its lease never completes. Without it (one node, or a fleet on the bucket's
+        leases) two committers that both look before either completes may both write; the second write carries
+        the same, verified bytes, so a reader never sees wrong ones."""
+        if await self.head_blob(etag) is not None:
+            return False
+        if fence is None and size <= _SINGLE_PUT_MAX:
+            return await self._put_small(etag, partial)
+        if fence is not None and size == 0:  # no parts to upload: the empty object is put inside the fence
+            async with fence():
+                if await self.head_blob(etag) is not None:
+                    return False
+                return await self._put_small(etag, partial)
+        return await self._put_multipart(etag, partial, size, fence)
 
-    async def _put_small(self, etag: str, partial: Path) -> None:
+    async def _put_small(self, etag: str, partial: Path) -> bool:
         data = await asyncio.to_thread(partial.read_bytes)
         client = await self.client()
         try:
+            # If-None-Match narrows the race where the store honours it; nothing depends on it (same bytes).
             await client.put_object(Bucket=self.name, Key=self.blob_key(etag), Body=data, IfNoneMatch="*")
         except ClientError as exc:
             if http_status(exc) not in (409, 412):  # 412: already there (same etag, same bytes): that is success
                 raise
-
-    async def _put_fenced(self, etag: str, partial: Path, size: int,
-                          fence: Callable[[], AbstractAsyncContextManager[None]]) -> None:
-        if size == 0:  # no parts to upload: the empty object is put inside the fence
-            async with fence():
-                if await self.head_blob(etag) is None:
-                    await self._put_small(etag, partial)
-            return
-        await self._put_multipart(etag, partial, size, fence)
+            return False
+        return True
 
     async def _put_multipart(self, etag: str, partial: Path, size: int,
-                             fence: Callable[[], AbstractAsyncContextManager[None]] | None = None) -> None:
+                             fence: Callable[[], AbstractAsyncContextManager[None]] | None = None) -> bool:
         client = await self.client()
         key = self.blob_key(etag)
         part_size = max(_PART_SIZE, -(-size // _MAX_PARTS))
@@ -150,18 +156,16 @@ class Bucket:
 
         try:
             parts = await asyncio.gather(*(put_part(n) for n in range(1, -(-size // part_size) + 1)))
-            if fence is None:
-                await client.complete_multipart_upload(Bucket=self.name, Key=key, UploadId=upload_id,
-                                                       MultipartUpload={"Parts": list(parts)})
-                return
-            async with fence():
-                if await self.head_blob(etag) is not None:
+            async with fence() if fence is not None else contextlib.nullcontext():
+                if await self.head_blob(etag) is not None:  # committed while our parts went up
                     raise AlreadyCommitted
                 await client.complete_multipart_upload(Bucket=self.name, Key=key, UploadId=upload_id,
                                                        MultipartUpload={"Parts": list(parts)})
+            return True
         except AlreadyCommitted:  # same etag, same bytes: success, and the upload is dropped
             with contextlib.suppress(Exception):
                 await client.abort_multipart_upload(Bucket=self.name, Key=key, UploadId=upload_id)
+            return False
         except BaseException:
             with contextlib.suppress(Exception):
                 await client.abort_multipart_upload(Bucket=self.name, Key=key, UploadId=upload_id)

@@ -3,7 +3,10 @@
 
 - *Leases are objects written with conditional puts.* ``If-None-Match: *`` creates a lease only when none exists;
   ``If-Match: <etag>`` replaces exactly the version that was read (a refresh by the owner, or a takeover of an
-  expired lease). The store arbitrates, so exactly one node wins without any coordinator of our own.
+  expired lease). The store arbitrates, so exactly one node wins without any coordinator of our own, as far as the
+  store keeps its word: one that lets two win (SeaweedFS has been seen to) costs a second upstream download, never
+  wrong bytes; the commit does not rely on these writes (see :meth:`Bucket.put_blob`). A fleet database
+  (``--metadata-url``) takes their place.
 - *Lease expiry is measured on the store's clock*: a lease is expired when the server's ``Date`` is more than
   ``ttl`` past the object's ``Last-Modified``. Node clocks may disagree; only the server's is compared with itself.
 - *The holder refreshes its lease in the background* (every ``ttl/3``) for as long as it holds it, so a long fill

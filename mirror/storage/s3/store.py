@@ -1,8 +1,13 @@
 """The S3 blob store: a :class:`mirror.storage.base.BlobStore` over a shared bucket, with this node's hot tier in
 front and fill leases in the bucket.
 
-- *Committing is an upload with* ``If-None-Match: *``: a blob is written once, and enters the hot tier.
+- *Committing is an upload of a blob not in the bucket yet*: looked for before the upload and again right before a
+  multipart completion (inside the fleet database's fence, under the current epoch, when there is one); a blob is
+  written once, and enters the hot tier.
 - *Bytes fetched from the bucket are hashed against the etag* before they enter the hot tier.
+- *A local fault never destroys the shared copy*: :meth:`drop_local` removes only this node's hot-tier copy, and
+  :meth:`verify_shared` hashes the bucket object itself (streamed, never entering the hot tier) before anything
+  deletes it.
 - *Fills in progress stay local* (``<cache_dir>/partials/<etag>.part``); other nodes stream them from this one.
 """
 
@@ -12,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +35,8 @@ _READ_CHUNK = 4 * 1024 * 1024
 
 
 class S3BlobStore:
+    has_hot_tier = True  # this node's copies of bucket objects: a fault in one is this node's alone
+
     def __init__(self, cache_dir: Path, *, bucket: str, prefix: str = "", endpoint: str | None = None,
                  region: str = "us-east-1", hot_tier_max_size: int | None = None, max_attempts: int = 3,
                  leases: FillLeases | None = None) -> None:
@@ -152,7 +159,8 @@ class S3BlobStore:
         fencing = self.leases.fence
         fence = (lambda: fencing(etag)) if fencing is not None else None
         with self.hot_tier.entering(etag):
-            await self.objects.put_blob(etag, partial, size, fence=fence)
+            if not await self.objects.put_blob(etag, partial, size, fence=fence):
+                log.info("blob %s was in the bucket already: this node's upload of it was discarded", etag)
             return await self.hot_tier.enter(etag, partial, size)
 
     async def adopt(self, etag: str, copy: Path) -> Path | None:
@@ -170,6 +178,28 @@ class S3BlobStore:
         """Remove the blob from the bucket (every node) and from this node's hot tier."""
         existed = self.hot_tier.remove(etag)
         return await self.objects.delete_blob(etag) or existed
+
+    async def drop_local(self, etag: str) -> bool:
+        """Drop this node's hot-tier copy only: the bucket object is the fleet's, and is checked on its own."""
+        return self.hot_tier.remove(etag)
+
+    @storage_errors
+    async def verify_shared(self, etag: str, pace: Callable[[int], None] | None = None) -> bool | None:
+        """Hash the bucket object against its etag as it streams by (nothing is written to this disk)."""
+        response = await self.objects.get_blob(etag)
+        if response is None:
+            return None
+        size = int(response["ContentLength"])
+        hasher = BlobHasher(etag, size)
+        received = 0
+        body = response["Body"]
+        try:
+            while chunk := await body.read(_READ_CHUNK):
+                await asyncio.to_thread(_hash_block, hasher, chunk, pace)  # the pace sleeps: not on the loop
+                received += len(chunk)
+        finally:
+            body.close()
+        return received == size and hasher.matches()
 
     def list_blobs(self) -> AsyncIterator[BlobInfo]:
         """Every blob in the bucket (last access is the commit time: S3 keeps no read times)."""
@@ -213,6 +243,12 @@ class S3BlobStore:
     @storage_errors
     async def read_lease(self, etag: str) -> Lease | None:
         return await self.leases.read(etag)
+
+
+def _hash_block(hasher: BlobHasher, block: bytes, pace: Callable[[int], None] | None) -> None:
+    hasher.update(block)
+    if pace is not None:
+        pace(len(block))
 
 
 def _write_fully(f: Any, data: bytes) -> None:
