@@ -129,8 +129,9 @@ class ResolveHandler:
         watcher = asyncio.create_task(watch_disconnect(receive, disconnected))
         try:
             if type(source) is Cached:
-                sent = await send_file_range(send, source.path, start, length, self.chunk_size, disconnected,
-                                             raw_send=scope.get("hf_mirror.raw_send"))
+                with self.service.reading(entry.etag):  # no node evicts it from the shared store meanwhile
+                    sent = await send_file_range(send, source.path, start, length, self.chunk_size, disconnected,
+                                                 raw_send=scope.get("hf_mirror.raw_send"))
                 self.metrics.bytes_served.labels(source="cache").inc(sent)
             elif type(source) is Filling:
                 sent = await send_fill_range(scope, send, self.fills, source.fill, start, length, self.chunk_size,

@@ -104,6 +104,12 @@ class BlobStore(Protocol):
         """Remove a committed blob; True when it existed."""
         ...
 
+    def drop_copy(self, etag: str) -> bool:
+        """Drop this node's own copy of a blob kept beside a shared store (a hot tier), after another node evicted
+        the blob from that store; True when there was one. The store's blobs stay (a local store has no such copy:
+        False). Readers holding the file keep it."""
+        ...
+
     def list_blobs(self) -> AsyncIterator[BlobInfo]:
         """Every committed blob."""
         ...

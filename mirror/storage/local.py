@@ -91,6 +91,9 @@ class LocalBlobStore:
             return False
         return True
 
+    def drop_copy(self, etag: str) -> bool:
+        return False  # the blobs on this disk are the store itself, never a copy of a shared one
+
     async def list_blobs(self) -> AsyncIterator[BlobInfo]:
         # Directory scans run in a thread, one shard at a time: a million blobs must not stall the event loop.
         shards = await asyncio.to_thread(self._shards)

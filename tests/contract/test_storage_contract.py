@@ -385,6 +385,20 @@ async def test_s3_hot_tier_is_bounded_lru(s3_stores: Stores) -> None:
     assert store.hot_tier_usage()[0] <= 25_000
 
 
+async def test_drop_copy_drops_only_a_nodes_own_copy(stores: Stores) -> None:
+    first, second = await stores.new(), await stores.new()
+    etag, partial = write_partial(first, b"kept in the store")
+    await first.commit(etag, partial)
+    assert await second.local_path(etag) is not None
+    dropped = second.drop_copy(etag)
+    assert dropped is (stores.backend == "s3")  # a hot tier's copy; the local store's blobs are the store
+    assert await first.stat(etag) is not None and await second.stat(etag) is not None
+    if dropped:
+        assert second.cached_path(etag) is None
+        assert (await second.local_path(etag)).read_bytes() == b"kept in the store"  # type: ignore[union-attr]
+    assert not second.drop_copy(uuid.uuid4().hex * 2)
+
+
 async def test_s3_corrupt_bucket_object_never_enters_the_hot_tier(s3_stores: Stores) -> None:
     store = await s3_stores.new()
     data = b"the real bytes"

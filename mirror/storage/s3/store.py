@@ -171,6 +171,10 @@ class S3BlobStore:
         existed = self.hot_tier.remove(etag)
         return await self.objects.delete_blob(etag) or existed
 
+    def drop_copy(self, etag: str) -> bool:
+        """Another node evicted the blob from the bucket: this node's hot copy goes too (never served stale)."""
+        return self.hot_tier.remove(etag)
+
     def list_blobs(self) -> AsyncIterator[BlobInfo]:
         """Every blob in the bucket (last access is the commit time: S3 keeps no read times)."""
         return self.objects.list_blobs()
