@@ -147,11 +147,18 @@ class BusyMarks:
                 loop.call_soon_threadsafe(_settle, claim, evicting)
 
     async def aclose(self) -> None:
+        """Stop the thread and take this process's marks back (else they lapse after the ttl)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 5)
             self._thread = None
+        if self._published_any:
+            try:
+                await asyncio.to_thread(self.metadata.publish_busy, self.node, (), (), self.ttl)
+            except Exception as exc:  # noqa: BLE001 - they lapse by themselves
+                log.info("busy marks not taken back at shutdown: %s", exc)
+            self._published_any = False
 
 
 def _settle(claim: asyncio.Future[set[str] | None], evicting: set[str] | None) -> None:
