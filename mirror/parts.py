@@ -18,6 +18,7 @@ from mirror.config import Settings
 from mirror.fill import FillManager
 from mirror.index import MetadataIndex, index_dir
 from mirror.metadata import MetadataStore, open_metadata
+from mirror.metadata.busy import BusyMarks
 from mirror.metadata.fleet_leases import FleetLeases
 from mirror.metadata.sharing import SharedMetadata
 from mirror.metrics import Metrics
@@ -45,6 +46,7 @@ class Parts:
     scrubber: Scrubber
     admission: AdmissionGate | None = None  # the admission policy; None when no rule is configured
     metadata: MetadataStore | None = None  # the embedded default, or the fleet's database (metadata_url)
+    busy: BusyMarks | None = None  # this process's busy marks for the fleet's evictions (metadata_url)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, repr=False, compare=False)
 
     async def open(self) -> None:
@@ -73,6 +75,8 @@ class Parts:
         await self.fills.aclose(self.settings.shutdown_grace if grace is None else grace)
         await self.upstream.aclose()
         await self.store.aclose()  # gives back the fill leases this node still holds, then the connections
+        if self.busy is not None:
+            await self.busy.aclose()
         if self.metadata is not None:
             await self.metadata.aclose()
         self.index.close()
@@ -96,19 +100,24 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
               if settings.metadata_url and settings.storage == "s3" else None)
     store = open_store(settings, leases=leases)
     lease_ttl = settings.fleet_lease_seconds if leases is not None else settings.lease_stale_seconds
+    # The fleet's evictions (a database): what this process reads or fills is busy for every node.
+    busy = BusyMarks(metadata, settings.fleet_lease_seconds) if settings.metadata_url else None
     upstream = UpstreamClient(settings, metrics)
     fills = fill_manager(
         store, upstream, metrics, chunk_size=settings.fill_chunk_size, lease_ttl=lease_ttl,
-        cancel_on_disconnect=settings.fill_on_disconnect == "cancel", node_url=settings.node_url,
+        cancel_on_disconnect=settings.fill_on_disconnect == "cancel", node_url=settings.node_url, busy=busy,
     )
     # The fleet's database behind this node's index (metadata_url): refs, files, access confirmations, pins.
     shared = SharedMetadata(metadata, index) if settings.metadata_url else None
     access = AccessPolicy.from_settings(index, settings, shared)
-    busy = _busy(store, fills)
-    cache = CacheManager(store, index, metrics, max_size=settings.max_size, is_busy=busy,
+    is_busy = _busy(store, fills)
+    cache = CacheManager(store, index, metrics, max_size=settings.max_size, is_busy=is_busy,
                          root=settings.cache_dir, min_free_space=settings.min_free_space or 0,
-                         evicts_for_disk=settings.storage == "local", metadata=metadata if shared else None)
-    scrubber = Scrubber(store, metrics, is_busy=busy)
+                         evicts_for_disk=settings.storage == "local", metadata=metadata if shared else None,
+                         busy=busy)
+    if busy is not None:
+        metadata.on_evicted(cache.dropped)  # another node's eviction: this node's hot copy goes too
+    scrubber = Scrubber(store, metrics, is_busy=is_busy)
     admission = (AdmissionGate(Rules.from_settings(settings), Ledger(settings.cache_dir), upstream,
                                offline=settings.offline) if settings.policy_active else None)
     # The service's one core (its parts and shared state), and the sides composed over it.
@@ -120,7 +129,7 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     # The status page and /metrics count the new blob at once.
     fills.on_commit.append(lambda spec: cache.committed(spec.repo, spec.commit, spec.etag, spec.size))
     return Parts(settings, metrics, store, index, upstream, fills, access, cache, service, scrubber, admission,
-                 metadata)
+                 metadata, busy)
 
 
 def _busy(store: BlobStore, fills: FillManager) -> Callable[[str], bool]:

@@ -1,6 +1,7 @@
 """Cache maintenance: verify every blob against its etag, sweep stale partial files, remove or evict a repo, pin
 and unpin. Eviction never removes a blob a pinned repo references, nor one being filled; a blob being served is
-safe too (readers hold an open descriptor, and unlinking leaves it valid on POSIX)."""
+safe too (readers hold an open descriptor, and unlinking leaves it valid on POSIX). With a fleet's database, the
+fleet decides (``CacheManager.evict_blobs``): pins, fills and reads anywhere keep a blob."""
 
 from __future__ import annotations
 
@@ -64,16 +65,16 @@ class Maintenance:
         """Drop a repo's index entries and the blobs no other repo uses; returns (blobs removed, bytes)."""
         owners = self.blob_repos()
         mine = {e for e, repos in owners.items() if (repo.type.value, repo.repo_id) in repos}
-        removed = freed = 0
+        candidates = []
         for etag in mine:
-            if owners[etag] - {(repo.type.value, repo.repo_id)} or self.is_busy(etag):
+            if owners[etag] - {(repo.type.value, repo.repo_id)}:
                 continue
             info = await self.store.stat(etag)
-            if info and await self.store.delete(etag):
-                removed += 1
-                freed += info.size
+            if info is not None:
+                candidates.append(info)
+        gone = await self.evict_blobs(candidates, None)
         self.index.delete_repo(repo)
-        return removed, freed
+        return len(gone), sum(info.size for info in gone)
 
     async def sweep_partials(self) -> int:
         """Delete partial files nobody holds a lease on and nobody touched for a week (others are resumed)."""
@@ -128,7 +129,7 @@ class Maintenance:
                 shared_ok = await self.store.verify_shared(blob.etag)
                 if shared_ok is None:
                     if not local_ok and remove:
-                        await self.store.drop_local(blob.etag)
+                        self.store.drop_local(blob.etag)
                     return  # removed meanwhile
                 checked += 1
                 checked_bytes += blob.size
@@ -139,7 +140,7 @@ class Maintenance:
                 elif not local_ok:
                     bad_local.append(blob)
                     if remove:
-                        await self.store.drop_local(blob.etag)
+                        self.store.drop_local(blob.etag)
                 if not (shared_ok and local_ok):
                     self.metrics.integrity_failures.inc()
                 if on_result is not None:
@@ -185,15 +186,14 @@ class Maintenance:
                 return mine, kept
 
             mine, kept = await asyncio.to_thread(etags)
-            removed = freed = 0
+            candidates = []
             for etag in sorted(mine - kept):
-                if self.is_busy(etag):
-                    continue
                 info = await self.store.stat(etag)
-                if info is not None and await self.store.delete(etag):
-                    removed += 1
-                    freed += info.size
-                    self.metrics.evictions.inc()
+                if info is not None:
+                    candidates.append(info)
+            gone = await self.evict_blobs(candidates, None)
+            removed, freed = len(gone), sum(info.size for info in gone)
+            self.metrics.evictions.inc(removed)
             if self._used is not None:
                 self._used = max(0, self._used - freed)
         self._patch_snapshot(repo, freed=(removed, freed))

@@ -1,13 +1,19 @@
 """The cache's quota: least recently used, unpinned, idle blobs are evicted so that blobs stay under ``max_size``
-as fills start (not only at the periodic pass) and a fill leaves ``min_free_space`` on the disk."""
+as fills start (not only at the periodic pass) and a fill leaves ``min_free_space`` on the disk.
+
+With a fleet's database (``metadata_url``) every eviction (the quota's, ``cache gc``, ``cache rm``, an operator's)
+is the fleet's decision (:meth:`mirror.metadata.base.MetadataStore.decide_eviction`): a blob pinned anywhere, busy on
+any node (read or filled: :mod:`mirror.metadata.busy`) or leased for a fill is kept, the least recently read in the
+fleet goes first, and every node drops its own copy of what was deleted (:meth:`CacheManager.dropped`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import shutil
+import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +22,8 @@ from mirror.cache.usage import UsageReports, UsageSnapshot
 from mirror.errors import MirrorError
 from mirror.index import MetadataIndex
 from mirror.metadata import MetadataStore
+from mirror.metadata.base import EVICTION_DELETE_WINDOW
+from mirror.metadata.busy import BusyMarks
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobInfo, BlobStore
 
@@ -35,7 +43,8 @@ class GcReport:
 class CacheManager(UsageReports, Maintenance):
     def __init__(self, store: BlobStore, index: MetadataIndex, metrics: Metrics, *, max_size: int | None,
                  is_busy: Callable[[str], bool], root: Path, min_free_space: int = 0,
-                 evicts_for_disk: bool = True, metadata: MetadataStore | None = None) -> None:
+                 evicts_for_disk: bool = True, metadata: MetadataStore | None = None,
+                 busy: BusyMarks | None = None) -> None:
         self.store = store
         self.root = root  # the disk fills write to
         self.min_free_space = min_free_space
@@ -57,6 +66,8 @@ class CacheManager(UsageReports, Maintenance):
         self._generation, self._snapshot_generation = 0, -1
         # The fleet's database (metadata_url): pins are the fleet's, and gc keeps a blob pinned through any node.
         self.metadata = metadata
+        # This process's busy marks (with the database): evictions are then decided for the fleet, as this node.
+        self.busy = busy
 
     async def _fleet_pinned_blobs(self) -> set[str] | None:
         """The blobs of repos pinned anywhere in the fleet (empty without a database); None when it cannot say."""
@@ -97,17 +108,12 @@ class CacheManager(UsageReports, Maintenance):
                 log.warning("gc skipped: the fleet's pins cannot be read (its database is down)")
                 return GcReport(0, 0, total)
             owners = await asyncio.to_thread(self.blob_repos)
-            gone: list[BlobInfo] = []
-            for blob in sorted(blobs, key=lambda b: b.last_access):
-                if total <= limit:
-                    break
-                if self.is_busy(blob.etag) or owners.get(blob.etag, set()) & pinned or blob.etag in fleet_pinned:
-                    continue
-                if await self.store.delete(blob.etag):
-                    total -= blob.size
-                    gone.append(blob)
-                    self.metrics.evictions.inc()
+            candidates = [blob for blob in sorted(blobs, key=lambda b: b.last_access)
+                          if not (owners.get(blob.etag, set()) & pinned or blob.etag in fleet_pinned)]
+            gone = await self.evict_blobs(candidates, total - limit)
             evicted, freed = len(gone), sum(b.size for b in gone)
+            total -= freed
+            self.metrics.evictions.inc(evicted)
             if gone:
                 self.evicted(gone, owners)
             if total > limit:
@@ -115,6 +121,57 @@ class CacheManager(UsageReports, Maintenance):
             self.metrics.cache_bytes.set(total)
             self._used = total
             return GcReport(evicted, freed, total)
+
+    async def evict_blobs(self, candidates: Sequence[BlobInfo], need: int | None) -> list[BlobInfo]:
+        """Delete ``candidates`` (least recently used first) until ``need`` bytes are gone (None: every one allowed),
+        never one that is busy; returns those deleted. With a fleet's database the fleet decides which (its pins, its
+        busy marks, its leases, its read times) and every node is told of the deletes."""
+        if self.metadata is None or self.busy is None:
+            gone: list[BlobInfo] = []
+            freed = 0
+            for blob in candidates:
+                if need is not None and freed >= need:
+                    break
+                if self.is_busy(blob.etag):
+                    continue
+                if await self.store.delete(blob.etag):
+                    gone.append(blob)
+                    freed += blob.size
+            return gone
+        return await self._evict_for_the_fleet(candidates, need)
+
+    async def _evict_for_the_fleet(self, candidates: Sequence[BlobInfo], need: int | None) -> list[BlobInfo]:
+        assert self.metadata is not None and self.busy is not None
+        by_etag = {blob.etag: blob for blob in candidates if not self.is_busy(blob.etag)}
+        decided_at = time.monotonic()
+        chosen = await self.metadata.decide_eviction(self.busy.node, list(by_etag.values()), need)
+        gone: list[BlobInfo] = []
+        deleted: list[str] = []
+        failure: MirrorError | None = None
+        for at, etag in enumerate(chosen):
+            if time.monotonic() - decided_at > EVICTION_DELETE_WINDOW:
+                # Past the window the fleet no longer holds these for us: readers may be copying them now.
+                log.warning("eviction: %d blobs left undeleted (the decision is too old)", len(chosen) - at)
+                break
+            try:
+                existed = await self.store.delete(etag)
+            except MirrorError as exc:
+                failure = exc
+                break
+            deleted.append(etag)
+            if existed:
+                gone.append(by_etag[etag])
+        kept = chosen[len(deleted):]
+        await self.metadata.finish_eviction(self.busy.node, deleted, kept)
+        if failure is not None:
+            raise failure
+        return gone
+
+    def dropped(self, etag: str) -> None:
+        """Another node evicted ``etag`` from the shared store: this node's copy goes too (its readers keep theirs)."""
+        if self.store.drop_local(etag):
+            log.info("dropped this node's copy of %s: evicted from the shared store", etag)
+        self.changed()
 
     async def make_room(self, size: int, reserved: int) -> bool:
         """Room for a new blob of ``size`` bytes beside ``reserved`` bytes that fills in progress have yet to write:

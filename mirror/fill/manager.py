@@ -30,16 +30,20 @@ from mirror.fill.peer import Follower, PeerCopy
 from mirror.fill.state import Fill, FillSpec
 from mirror.fill.threads import FillThreads
 from mirror.fill.windows import in_windows
+from mirror.metadata.busy import BusyMarks
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobStore, PeerAddress
 from mirror.upstream import UpstreamClient
 
 log = logging.getLogger("hf_mirror.fill")
 
+_EVICTION_POLL = 0.2  # seconds between looks at a blob whose eviction is under way (its delete takes milliseconds)
+
 
 class FillManager:
     def __init__(self, store: BlobStore, upstream: UpstreamClient, metrics: Metrics, *, chunk_size: int,
-                 lease_ttl: float, cancel_on_disconnect: bool, node_url: str | None = None) -> None:
+                 lease_ttl: float, cancel_on_disconnect: bool, node_url: str | None = None,
+                 busy: BusyMarks | None = None) -> None:
         self.store = store
         self.upstream = upstream
         self.metrics = metrics
@@ -53,6 +57,8 @@ class FillManager:
         self._follower = Follower(store, upstream, metrics, self.threads, chunk_size=chunk_size,
                                   node_url=self.node_url)
         self.on_commit: list[Callable[[FillSpec], None]] = []
+        # The fleet's busy marks (a fleet database): a blob this process fills is never evicted by any node.
+        self.busy = busy
 
     @property
     def active(self) -> list[Fill]:
@@ -111,6 +117,8 @@ class FillManager:
             fill.windowed = None  # windows, if this process leads the fill (known once it holds the lease)
             fill.sparse = self._ranged(spec, reading)
         self._fills[spec.etag] = fill
+        if self.busy is not None:
+            self.busy.begin(spec.etag)  # ended in _drive's finally
         fill.task = asyncio.create_task(self._drive(fill), name=f"fill:{spec.etag[:12]}")
         return fill
 
@@ -195,7 +203,7 @@ class FillManager:
         self.metrics.fills_in_flight.inc()
         try:
             while True:
-                if await self.store.stat(spec.etag) is not None:
+                if await self._in_store(spec.etag):
                     fill.windowed = False  # a copy of a committed blob, in order
                     fill.finish(await self._follower.local_copy(fill, copy))
                     break
@@ -232,6 +240,21 @@ class FillManager:
         finally:
             self.metrics.fills_in_flight.dec()
             self._fills.pop(spec.etag, None)
+            if self.busy is not None:
+                self.busy.end(spec.etag)
+
+    async def _in_store(self, etag: str) -> bool:
+        """The blob is committed in the store, ours to copy. With the fleet's busy marks, the fleet sees our mark
+        first; a blob whose eviction is under way is not copied: we wait until it is gone (then fill it as any
+        other) or the eviction is given up."""
+        stored = await self.store.stat(etag) is not None
+        if self.busy is None or not stored:  # not stored: nothing to evict, no claim needed
+            return stored
+        while not await self.busy.claim(etag):
+            if await self.store.stat(etag) is None:
+                return False
+            await asyncio.sleep(_EVICTION_POLL)
+        return await self.store.stat(etag) is not None
 
     async def _download_while_leased(self, fill: Fill) -> bool:
         """Download and commit under the lease; False when the lease was lost first (then nothing was committed).

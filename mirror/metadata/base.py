@@ -11,11 +11,19 @@ Two implementations pass the one contract suite (``tests/contract/test_metadata_
 A *fill lease* names the one process that downloads a blob. It has an ``epoch`` that grows at every grant to a new
 holder; only the holder of the current epoch may commit (:meth:`MetadataStore.fence`), so a holder that was frozen
 past its lease and resumes commits nothing.
+
+*Busy marks* name the blobs each process of the fleet reads or fills now (published in batches by a thread,
+:mod:`mirror.metadata.busy`, with the store's clock and an expiry), and the fleet's read times order its quota. An
+*eviction* is decided for the fleet in one transaction (:meth:`MetadataStore.decide_eviction`): it skips every blob
+pinned anywhere, busy on any node, leased for a fill or being evicted by another node, and records the eviction
+as under way; a node about to copy a blob from the shared store publishes its mark first and learns from that same
+publication whether an eviction of it is under way. Once the blobs are deleted, :meth:`finish_eviction` tells every
+node (:meth:`on_evicted`) to drop its own copies (a hot tier).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -23,7 +31,12 @@ from typing import Protocol, runtime_checkable
 from mirror.hf import RepoRef
 from mirror.index import FileEntry
 from mirror.metadata.announce import Subscription
-from mirror.storage.base import PeerAddress
+from mirror.storage.base import BlobInfo, PeerAddress
+
+# An eviction decided this many seconds ago and not finished is void: its evictor died or froze, and the blobs it
+# chose are read and evicted again as any others (an evictor stops deleting well before: EVICTION_DELETE_WINDOW).
+EVICTION_GRACE = 120.0
+EVICTION_DELETE_WINDOW = EVICTION_GRACE / 2
 
 
 @dataclass(frozen=True)
@@ -140,3 +153,32 @@ class MetadataStore(Protocol):
         ``timeout`` seconds. Subscribing before reading means no change between the read and the wait is missed."""
         ...
 
+    # --- busy marks, read times and evictions (the fleet's quota) ---------------------------------------------------
+
+    def publish_busy(self, node: str, busy: Collection[str], read: Collection[str], ttl: float) -> set[str]:
+        """``node``'s busy blobs are exactly ``busy`` now, each for ``ttl`` seconds (its other marks go), and the
+        blobs of ``read`` were read now (the fleet's LRU order). Returns those of ``busy`` whose eviction is under
+        way: a mark published after a decision does not stop it, so the caller must not read the shared copy.
+
+        Blocking and thread-safe (the marks' thread calls it, on its own connection); raises when the store cannot be
+        reached. A mark published before a decision is seen by it: they serialize."""
+        ...
+
+    async def decide_eviction(self, node: str, candidates: Sequence[BlobInfo], need: int | None) -> list[str]:
+        """In one transaction: of ``candidates``, least recently read first (the fleet's read times, else each
+        candidate's ``last_access``), those not pinned anywhere, not busy on any node, not leased for a fill and
+        not being evicted by another node, until their sizes reach ``need`` bytes (None: every one allowed).
+        Records their eviction as under way by ``node``; returns their etags, to delete then
+        :meth:`finish_eviction` within ``EVICTION_DELETE_WINDOW`` seconds."""
+        ...
+
+    async def finish_eviction(self, node: str, deleted: Collection[str], kept: Collection[str]) -> None:
+        """The blobs ``node`` decided to evict are ``deleted`` (every node is told: :meth:`on_evicted`) or ``kept``
+        (not deleted after all: readable again at once)."""
+        ...
+
+    def on_evicted(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(etag)`` in this process for every blob evicted by any node (the shared store's copy is
+        gone: drop this node's own). A shared store that lost its notification channel calls it, once back, for the
+        evictions finished meanwhile."""
+        ...

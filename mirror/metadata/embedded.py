@@ -3,14 +3,17 @@
 It wraps what a single node always had, so a node without ``--metadata-url`` behaves as before. Its leases are
 rows of a diskcache table under the cache directory (SQLite transactions make a grant atomic across the worker
 processes of one host, whose clock they share); its announcements reach this process's waiters only, which is all
-one node needs (a waiter's timeout covers the other worker processes).
+one node needs (a waiter's timeout covers the other worker processes). Busy marks, read times and evictions are
+rows of that table too, decided in its transactions; a node without ``--metadata-url`` does not use them (its
+quota decides alone, as before), but they keep the one contract.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from pathlib import Path
 
 import diskcache
@@ -19,8 +22,12 @@ from mirror.errors import LeaseLost
 from mirror.hf import RepoRef
 from mirror.index import FileEntry, MetadataIndex
 from mirror.metadata.announce import Announcements, Subscription
-from mirror.metadata.base import HeldLease, LeaseRecord, RefRecord
-from mirror.storage.base import PeerAddress
+from mirror.metadata.base import EVICTION_GRACE, HeldLease, LeaseRecord, RefRecord
+from mirror.storage.base import BlobInfo, PeerAddress
+
+log = logging.getLogger("hf_mirror.metadata")
+
+_BUSY = ("busy",)  # the one row of every process's marks: node -> (etags, expires)
 
 
 class EmbeddedMetadata:
@@ -29,6 +36,7 @@ class EmbeddedMetadata:
         self.leases_dir = leases_dir
         self._leases: diskcache.Cache | None = None
         self._announcements = Announcements()
+        self._evicted: list[Callable[[str], None]] = []
 
     async def open(self) -> None:
         """Nothing to connect: the lease table opens at its first use (a node that never fills never creates it)."""
@@ -146,6 +154,77 @@ class EmbeddedMetadata:
 
     def changed(self, etag: str) -> contextlib.AbstractAsyncContextManager[Subscription]:
         return self._announcements.changed(etag)
+
+
+    # --- busy marks, read times, evictions: rows ("busy",), ("read", etag), ("eviction", etag) ----------------------
+
+    def publish_busy(self, node: str, busy: Collection[str], read: Collection[str], ttl: float) -> set[str]:
+        table = self._table()
+        with table.transact():
+            now = time.time()
+            marks = {n: v for n, v in (table.get(_BUSY) or {}).items() if v[1] > now and n != node}
+            if busy:
+                marks[node] = (frozenset(busy), now + ttl)
+            table.set(_BUSY, marks)
+            for etag in read:
+                table.set(("read", etag), now)
+            return {etag for etag in busy if _evicting(table.get(("eviction", etag)), now)}
+
+    async def decide_eviction(self, node: str, candidates: Sequence[BlobInfo], need: int | None) -> list[str]:
+        if not candidates or (need is not None and need <= 0):
+            return []
+        pinned = await self.pinned_blobs()
+        table = self._table()
+        with table.transact():
+            now = time.time()
+            busy = {etag for etags, expires in (table.get(_BUSY) or {}).values() if expires > now for etag in etags}
+
+            def allowed(blob: BlobInfo) -> bool:
+                lease = table.get(blob.etag)
+                eviction = table.get(("eviction", blob.etag))
+                return (blob.etag not in busy and blob.etag not in pinned
+                        and not (lease is not None and lease[0] is not None and lease[2] > now)
+                        and not (_evicting(eviction, now) and eviction[0] != node))
+
+            order = sorted((b for b in candidates if allowed(b)),
+                           key=lambda b: (max(table.get(("read", b.etag)) or 0.0, b.last_access), b.etag))
+            chosen: list[str] = []
+            freed = 0
+            for blob in order:
+                if need is not None and freed >= need:
+                    break
+                chosen.append(blob.etag)
+                freed += blob.size
+                table.set(("eviction", blob.etag), (node, "evicting", now))
+        return chosen
+
+    async def finish_eviction(self, node: str, deleted: Collection[str], kept: Collection[str]) -> None:
+        table = self._table()
+        with table.transact():
+            now = time.time()
+            for etag in deleted:
+                record = table.get(("eviction", etag))
+                if record is not None and record[0] == node:
+                    table.set(("eviction", etag), (node, "done", now))
+                table.delete(("read", etag))
+            for etag in kept:
+                record = table.get(("eviction", etag))
+                if record is not None and record[0] == node and record[1] == "evicting":
+                    table.delete(("eviction", etag))
+        for etag in deleted:  # this process's listeners (one node: the others share its disk)
+            for callback in self._evicted:
+                try:
+                    callback(etag)
+                except Exception:  # noqa: BLE001 - one listener's failure must not stop the others
+                    log.exception("eviction listener failed on %s", etag)
+
+    def on_evicted(self, callback: Callable[[str], None]) -> None:
+        self._evicted.append(callback)
+
+
+def _evicting(record: tuple[str, str, float] | None, now: float) -> bool:
+    """An eviction decided and still under way (not finished, not void)."""
+    return record is not None and record[1] == "evicting" and now - record[2] < EVICTION_GRACE
 
 
 def _peer(peer: PeerAddress | None) -> tuple[str | None, str | None]:

@@ -12,6 +12,11 @@
   (``idle_in_transaction_session_timeout``), so it cannot hold the others for long.
 - *Changes are announced* with ``NOTIFY hf_mirror_leases, '<etag>'`` on grant, release and commit; one listening
   connection per process wakes the waiters of that etag.
+- *Evictions are the fleet's* (:meth:`decide_eviction`): one transaction locks the busy marks' table against writes
+  (``SHARE ROW EXCLUSIVE``: evictors serialize, readers of it do not wait), picks the least recently read blobs
+  that no pin, mark, lease or other eviction holds, and records them as under way. A node publishing a mark either
+  commits before (the decision sees it) or after (then its next statement sees the record). The deletes done,
+  ``NOTIFY hf_mirror_evictions, '<etag>'`` tells every node to drop its copy.
 - *Migrations* are numbered SQL scripts applied at start, in one transaction under an advisory lock, so nodes
   starting together apply each once.
 """
@@ -23,7 +28,8 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
+from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
 import psycopg
@@ -33,12 +39,15 @@ from mirror.errors import LeaseLost, MetadataUnavailable, redact_url
 from mirror.hf import RepoRef
 from mirror.index import FileEntry
 from mirror.metadata.announce import Announcements, Subscription
-from mirror.metadata.base import HeldLease, LeaseRecord, RefRecord
-from mirror.storage.base import PeerAddress
+from mirror.metadata.base import EVICTION_GRACE, HeldLease, LeaseRecord, RefRecord
+from mirror.storage.base import BlobInfo, PeerAddress
 
 log = logging.getLogger("hf_mirror.metadata")
 
 CHANNEL = "hf_mirror_leases"
+EVICTIONS = "hf_mirror_evictions"  # NOTIFY payload: an etag evicted from the shared store
+_BUSY_STALE = 3600.0  # a mark expired this long ago (its node died) is deleted at the next decision
+_DONE_KEPT = 86400.0  # finished evictions are remembered this long (a node that lost its channel catches up)
 _MIGRATION_LOCK = 0x6866_6D69  # pg_advisory_xact_lock key: "hfmi"
 
 # Append only: a script, once released, is never edited (nodes record the versions they applied).
@@ -86,6 +95,28 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (subject, kind, repo)
     );
     """,
+    """
+    CREATE TABLE hf_mirror_busy (
+        etag        text NOT NULL,
+        node        text NOT NULL,          -- one process of a node (its busy-marks id)
+        expires     timestamptz NOT NULL,   -- the database's clock; renewed while the blob is read or filled
+        PRIMARY KEY (etag, node)
+    );
+    CREATE INDEX hf_mirror_busy_by_node ON hf_mirror_busy (node);
+    CREATE TABLE hf_mirror_reads (
+        etag        text PRIMARY KEY,
+        last_read   timestamptz NOT NULL    -- the fleet's LRU order
+    );
+    CREATE TABLE hf_mirror_evictions (
+        etag         text PRIMARY KEY,
+        node         text NOT NULL,
+        state        text NOT NULL,          -- 'evicting' (decided, deletes under way) or 'done'
+        decided_at   timestamptz NOT NULL,
+        finished_at  timestamptz
+    );
+    CREATE INDEX hf_mirror_evictions_finished ON hf_mirror_evictions (finished_at) WHERE state = 'done';
+    CREATE INDEX hf_mirror_files_by_etag ON hf_mirror_files (etag);
+    """,
 )
 
 _P = ParamSpec("_P")
@@ -118,6 +149,10 @@ class PostgresMetadata:
         self._listening = asyncio.Event()
         self._renewal_conn: psycopg.Connection[Any] | None = None
         self._renewal_lock = threading.Lock()
+        self._busy_conn: psycopg.Connection[Any] | None = None  # the busy marks' thread's own connection
+        self._busy_lock = threading.Lock()
+        self._evicted: list[Callable[[str], None]] = []
+        self._listened_at: datetime | None = None  # the database's clock when the channel was last (re)joined
 
     def __repr__(self) -> str:
         return f"PostgresMetadata({redact_url(self.url)})"
@@ -153,6 +188,10 @@ class PostgresMetadata:
             if self._renewal_conn is not None:
                 self._renewal_conn.close()
                 self._renewal_conn = None
+        with self._busy_lock:
+            if self._busy_conn is not None:
+                self._busy_conn.close()
+                self._busy_conn = None
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -183,10 +222,15 @@ class PostgresMetadata:
                                                              connect_timeout=int(self.connect_timeout))
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
+                    await conn.execute(f"LISTEN {EVICTIONS}")
+                    await self._catch_up_evictions(conn)
                     self._listening.set()
                     self._announcements.announce_all()  # whatever happened while we were not listening
                     async for note in conn.notifies():
-                        self._announcements.announce(note.payload)
+                        if note.channel == EVICTIONS:
+                            self._tell_evicted(note.payload)
+                        else:
+                            self._announcements.announce(note.payload)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the database restarts: listen again; waiters time out meanwhile
@@ -195,6 +239,24 @@ class PostgresMetadata:
             self._listening.clear()
             self._announcements.announce_all()
             await asyncio.sleep(1.0)
+
+    async def _catch_up_evictions(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Once listening again: the evictions finished since the channel was last joined (their notes were lost)."""
+        row = await (await conn.execute("SELECT now()")).fetchone()
+        since, self._listened_at = self._listened_at, row[0] if row else None
+        if since is None:
+            return
+        rows = await (await conn.execute(
+            "SELECT etag FROM hf_mirror_evictions WHERE state = 'done' AND finished_at >= %s", (since,))).fetchall()
+        for (etag,) in rows:
+            self._tell_evicted(str(etag))
+
+    def _tell_evicted(self, etag: str) -> None:
+        for callback in self._evicted:
+            try:
+                callback(etag)
+            except Exception:  # noqa: BLE001 - one listener's failure must not stop the channel
+                log.exception("eviction listener failed on %s", etag)
 
     # --- refs -------------------------------------------------------------------------------------------------------
 
@@ -381,3 +443,103 @@ class PostgresMetadata:
 
     def changed(self, etag: str) -> contextlib.AbstractAsyncContextManager[Subscription]:
         return self._announcements.changed(etag)
+
+    # --- busy marks, read times, evictions --------------------------------------------------------------------------
+
+    def publish_busy(self, node: str, busy: Collection[str], read: Collection[str], ttl: float) -> set[str]:
+        marks, stamps = sorted(set(busy)), sorted(set(read))
+        with self._busy_lock:
+            try:
+                conn = self._busy_connection(ttl)
+                with conn.transaction():
+                    # First the marks (they wait for a decision in progress: its lock), then, in a statement of its
+                    # own (a fresh snapshot), the evictions a decision recorded before them.
+                    conn.execute(
+                        "INSERT INTO hf_mirror_busy (etag, node, expires) "
+                        "SELECT e, %s, now() + make_interval(secs => %s) FROM unnest(%s::text[]) AS e "
+                        "ON CONFLICT (etag, node) DO UPDATE SET expires = EXCLUDED.expires", (node, ttl, marks))
+                    conn.execute("DELETE FROM hf_mirror_busy WHERE node = %s AND NOT (etag = ANY(%s::text[]))",
+                                 (node, marks))
+                    if stamps:
+                        conn.execute(
+                            "INSERT INTO hf_mirror_reads (etag, last_read) SELECT e, now() FROM unnest(%s::text[]) e "
+                            "ON CONFLICT (etag) DO UPDATE SET last_read = EXCLUDED.last_read", (stamps,))
+                    rows = conn.execute(
+                        "SELECT etag FROM hf_mirror_evictions WHERE etag = ANY(%s::text[]) AND state = 'evicting' "
+                        "AND decided_at > now() - make_interval(secs => %s)", (marks, EVICTION_GRACE)).fetchall()
+            except psycopg.Error:
+                if self._busy_conn is not None:
+                    self._busy_conn.close()
+                    self._busy_conn = None
+                raise
+        return {str(row[0]) for row in rows}
+
+    def _busy_connection(self, ttl: float) -> psycopg.Connection[Any]:
+        """The busy marks' thread's own connection (as the lease renewal's: never behind the requests' pool)."""
+        if self._busy_conn is None or self._busy_conn.closed:
+            budget_ms = max(int(ttl * 1000 / 3), 500)
+            self._busy_conn = psycopg.connect(self.url, autocommit=True, connect_timeout=max(int(ttl / 3), 1),
+                                              options=f"-c statement_timeout={budget_ms}")
+        return self._busy_conn
+
+    @database_errors
+    async def decide_eviction(self, node: str, candidates: Sequence[BlobInfo], need: int | None) -> list[str]:
+        if not candidates or (need is not None and need <= 0):
+            return []
+        async with self.pool.connection() as conn, conn.transaction():
+            # A frozen evictor must not hold every node's marks for long: the server ends its transaction.
+            await conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
+                               (str(int(self.fence_timeout * 1000)),))
+            await conn.execute("LOCK TABLE hf_mirror_busy IN SHARE ROW EXCLUSIVE MODE")
+            rows = await (await conn.execute(
+                """
+                SELECT c.etag, c.size FROM unnest(%(etags)s::text[], %(sizes)s::bigint[], %(stamps)s::float8[])
+                    AS c(etag, size, stamp)
+                LEFT JOIN hf_mirror_reads r ON r.etag = c.etag
+                WHERE NOT EXISTS (SELECT 1 FROM hf_mirror_busy b WHERE b.etag = c.etag AND b.expires > now())
+                  AND NOT EXISTS (SELECT 1 FROM hf_mirror_fill_leases l
+                                  WHERE l.etag = c.etag AND l.owner IS NOT NULL AND l.expires > now())
+                  AND NOT EXISTS (SELECT 1 FROM hf_mirror_files f JOIN hf_mirror_pins p ON p.repo = f.repo
+                                  WHERE f.etag = c.etag AND NOT f.missing)
+                  AND NOT EXISTS (SELECT 1 FROM hf_mirror_evictions e
+                                  WHERE e.etag = c.etag AND e.state = 'evicting' AND e.node <> %(node)s
+                                    AND e.decided_at > now() - make_interval(secs => %(grace)s))
+                ORDER BY greatest(coalesce(extract(epoch FROM r.last_read), 0), c.stamp), c.etag
+                """,
+                {"etags": [c.etag for c in candidates], "sizes": [c.size for c in candidates],
+                 "stamps": [c.last_access for c in candidates], "node": node, "grace": EVICTION_GRACE})).fetchall()
+            chosen: list[str] = []
+            freed = 0
+            for etag, size in rows:
+                if need is not None and freed >= need:
+                    break
+                chosen.append(str(etag))
+                freed += int(size)
+            if chosen:
+                await conn.execute(
+                    "INSERT INTO hf_mirror_evictions (etag, node, state, decided_at) "
+                    "SELECT e, %s, 'evicting', now() FROM unnest(%s::text[]) AS e ON CONFLICT (etag) DO UPDATE SET "
+                    "node = EXCLUDED.node, state = 'evicting', decided_at = now(), finished_at = NULL",
+                    (node, chosen))
+            # Housekeeping, under the same lock: the marks of dead nodes, evictions long finished.
+            await conn.execute("DELETE FROM hf_mirror_busy WHERE expires < now() - make_interval(secs => %s)",
+                               (_BUSY_STALE,))
+            await conn.execute("DELETE FROM hf_mirror_evictions WHERE state = 'done' "
+                               "AND finished_at < now() - make_interval(secs => %s)", (_DONE_KEPT,))
+        return chosen
+
+    @database_errors
+    async def finish_eviction(self, node: str, deleted: Collection[str], kept: Collection[str]) -> None:
+        async with self.pool.connection() as conn, conn.transaction():
+            if deleted:
+                await conn.execute(
+                    "UPDATE hf_mirror_evictions SET state = 'done', finished_at = now() "
+                    "WHERE etag = ANY(%s::text[]) AND node = %s", (list(deleted), node))
+                await conn.execute("DELETE FROM hf_mirror_reads WHERE etag = ANY(%s::text[])", (list(deleted),))
+                await conn.execute("SELECT pg_notify(%s, e) FROM unnest(%s::text[]) AS e", (EVICTIONS, list(deleted)))
+            if kept:
+                await conn.execute("DELETE FROM hf_mirror_evictions WHERE etag = ANY(%s::text[]) AND node = %s "
+                                   "AND state = 'evicting'", (list(kept), node))
+
+    def on_evicted(self, callback: Callable[[str], None]) -> None:
+        self._evicted.append(callback)

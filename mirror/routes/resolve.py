@@ -128,17 +128,18 @@ class ResolveHandler:
         disconnected = asyncio.Event()
         watcher = asyncio.create_task(watch_disconnect(receive, disconnected))
         try:
-            if type(source) is Cached:
-                sent = await send_file_range(send, source.path, start, length, self.chunk_size, disconnected,
-                                             raw_send=scope.get("hf_mirror.raw_send"))
-                self.metrics.bytes_served.labels(source="cache").inc(sent)
-            elif type(source) is Filling:
-                sent = await send_fill_range(scope, send, self.fills, source.fill, start, length, self.chunk_size,
-                                             disconnected)
-                self.metrics.bytes_served.labels(source="fill").inc(sent)
-            else:
-                assert isinstance(source, Relay)
-                await self._send_relay(send, source, disconnected)
+            with self.service.reading(entry.etag):  # no node of a fleet evicts it from the shared store meanwhile
+                if type(source) is Cached:
+                    sent = await send_file_range(send, source.path, start, length, self.chunk_size, disconnected,
+                                                 raw_send=scope.get("hf_mirror.raw_send"))
+                    self.metrics.bytes_served.labels(source="cache").inc(sent)
+                elif type(source) is Filling:
+                    sent = await send_fill_range(scope, send, self.fills, source.fill, start, length,
+                                                 self.chunk_size, disconnected)
+                    self.metrics.bytes_served.labels(source="fill").inc(sent)
+                else:
+                    assert isinstance(source, Relay)
+                    await self._send_relay(send, source, disconnected)
         except Exception as exc:  # noqa: BLE001 - headers are gone: the only honest signal left is a cut connection
             # Returning with the body incomplete makes the server close the connection: the client sees a
             # truncated transfer (and resumes with Range), never a short file that looks whole.

@@ -28,7 +28,7 @@ Objects composed over one core, not mixins: :class:`MirrorService` builds each s
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any
 
 from mirror import hf
@@ -105,6 +105,10 @@ class MirrorService:
     def relay_file(self, relay: Relay, chunk_size: int) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
         """The relayed bytes of ``relay``, as they arrive from upstream: :meth:`FileService.relay_file`."""
         return self.file_service.relay_file(relay, chunk_size)
+
+    def reading(self, etag: str) -> AbstractContextManager[None]:
+        """While a response sends a stored blob's bytes (no node of a fleet evicts it): :meth:`FileService.reading`."""
+        return self.file_service.reading(etag)
 
     async def admit_lfs_file(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int,
                              caller: Caller) -> None:

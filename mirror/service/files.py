@@ -13,7 +13,7 @@ import functools
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 
 from mirror import hf
 from mirror.access import Caller, token_digest
@@ -215,6 +215,8 @@ class FileService:
         path = self.store.cached_path(entry.etag)
         if path is not None and await self._intact(str(path), entry):
             await self.store.touch(entry.etag)  # least recently *used* goes first when the quota needs room
+            if self.fills.busy is not None:
+                self.fills.busy.read(entry.etag)  # the fleet's quota orders by the fleet's reads
             if self.on_hit is not None:
                 self.on_hit(entry.etag)
             return Cached(str(path), _STALE if stale else _HIT)
@@ -246,6 +248,11 @@ class FileService:
             await fill.decided(_DECISION_WAIT)  # a sparse fill knows the windows its file holds once they begin
         held = fill.verified or fill.holds(start, end)  # a sparse file's windows held already are hits too
         return Filling(fill, _STALE if stale else _HIT if held else _MISS)
+
+    def reading(self, etag: str) -> AbstractContextManager[None]:
+        """While a response sends a stored blob's bytes: busy for the fleet's evictions (nothing on a node alone)."""
+        busy = self.fills.busy
+        return busy.reading(etag) if busy is not None else nullcontext()
 
     async def admit_lfs_file(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int,
                              caller: Caller) -> None:

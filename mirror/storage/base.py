@@ -111,9 +111,10 @@ class BlobStore(Protocol):
         """Remove a committed blob, the shared copy included (every node); True when it existed."""
         ...
 
-    async def drop_local(self, etag: str) -> bool:
-        """Remove this node's own copy of the blob, leaving the shared copy alone; True when one was removed. False,
-        and nothing removed, where this node's file *is* the stored blob (``has_hot_tier`` is False)."""
+    def drop_local(self, etag: str) -> bool:
+        """Remove this node's own copy of the blob, leaving the shared copy alone (a copy that failed its check, or
+        one of a blob another node evicted); True when one was removed. False, and nothing removed, where this
+        node's file *is* the stored blob (``has_hot_tier`` is False). Readers holding the file keep it."""
         ...
 
     async def verify_shared(self, etag: str, pace: Callable[[int], None] | None = None) -> bool | None:
@@ -164,7 +165,7 @@ async def discard_bad_copy(store: BlobStore, etag: str, *, check_shared: bool = 
     this node's file was the shared copy (the local backend)."""
     if not store.has_hot_tier:  # this node's file is the stored blob: it is the one that failed
         return Discarded(local=False, shared=await store.delete(etag))
-    dropped = await store.drop_local(etag)
+    dropped = store.drop_local(etag)
     if check_shared and await store.verify_shared(etag, pace) is False:
         return Discarded(local=dropped, shared=await store.delete(etag))
     return Discarded(local=dropped, shared=False)

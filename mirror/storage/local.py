@@ -94,7 +94,7 @@ class LocalBlobStore:
             return False
         return True
 
-    async def drop_local(self, etag: str) -> bool:
+    def drop_local(self, etag: str) -> bool:
         return False  # the disk is the store: this node's file is the shared copy itself
 
     async def verify_shared(self, etag: str, pace: Callable[[int], None] | None = None) -> bool | None:

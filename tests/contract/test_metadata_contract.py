@@ -21,7 +21,7 @@ from mirror.errors import LeaseLost
 from mirror.hf import RepoRef, RepoType
 from mirror.index import FileEntry, MetadataIndex
 from mirror.metadata import EmbeddedMetadata, HeldLease, MetadataStore
-from mirror.storage.base import PeerAddress
+from mirror.storage.base import BlobInfo, PeerAddress
 
 BACKENDS = ["embedded", "postgres"]
 REPO = RepoRef(RepoType.MODEL, "acme/tiny")
@@ -232,3 +232,90 @@ async def test_pinned_blobs_are_the_files_of_pinned_repos(stores: Stores) -> Non
     assert await b.pinned_blobs() == set()
     await b.pin(REPO, "operator")
     assert await a.pinned_blobs() == {"1" * 64}
+
+
+# --- busy marks, read times, evictions --------------------------------------------------------------------------------
+
+def blob(tag: str, size: int = 10, last_access: float = 1000.0) -> BlobInfo:
+    return BlobInfo(tag, size, last_access)
+
+
+async def publish(store: MetadataStore, node: str, busy: set[str], read: set[str] = frozenset()) -> set[str]:  # type: ignore[assignment]
+    return await asyncio.to_thread(store.publish_busy, node, busy, read, 30)
+
+
+async def test_a_blob_busy_on_one_node_is_not_evicted_by_another(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    x, y = etag(), etag()
+    assert await publish(a, "node-a", {x}) == set()
+    assert await b.decide_eviction("node-b", [blob(x), blob(y)], None) == [y]
+    await b.finish_eviction("node-b", [y], [])
+    await publish(a, "node-a", set())  # a's read ended: its mark goes
+    assert await b.decide_eviction("node-b", [blob(x)], None) == [x]
+
+
+async def test_a_mark_expires_with_its_ttl(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    x = etag()
+    await asyncio.to_thread(a.publish_busy, "node-a", {x}, (), 0.3)  # a dies: never renewed
+
+    async def evictable() -> bool:
+        chosen = await b.decide_eviction("node-b", [blob(x)], None)
+        if chosen:
+            await b.finish_eviction("node-b", [], chosen)
+        return chosen == [x]
+
+    await eventually(evictable)
+
+
+async def test_pinned_and_leased_blobs_are_never_chosen(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    pinned, leased, free = etag(), etag(), etag()
+    await a.put_file(REPO, FileEntry("c" * 40, "model.bin", pinned, 10))
+    await a.pin(REPO, "operator")
+    assert await a.acquire_lease(leased, "node-a", 30) is not None
+    assert await b.decide_eviction("node-b", [blob(pinned), blob(leased), blob(free)], None) == [free]
+
+
+async def test_the_quota_order_is_the_fleets_read_times(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    old, new = etag(), etag()
+    candidates = [blob(old, last_access=100.0), blob(new, last_access=200.0)]
+    await publish(a, "node-a", set(), {old})  # read on node a just now: the other is the least recently used
+    assert await b.decide_eviction("node-b", candidates, 5) == [new]
+    await b.finish_eviction("node-b", [], [new])
+    assert await b.decide_eviction("node-b", candidates, 15) == [new, old]  # until the bytes needed are reached
+
+
+async def test_a_mark_after_a_decision_learns_the_eviction_is_under_way(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    x, y = etag(), etag()
+    assert set(await b.decide_eviction("node-b", [blob(x), blob(y)], None)) == {x, y}
+    # Node a is about to copy both from the shared store: too late, it must not read them.
+    assert await publish(a, "node-a", {x, y}) == {x, y}
+    assert await a.decide_eviction("node-a", [blob(x), blob(y)], None) == []  # busy, and under way
+    await b.finish_eviction("node-b", [x], [y])  # y could not be deleted: it is readable again
+    assert await publish(a, "node-a", {x, y}) == set()
+
+
+async def test_every_node_is_told_of_an_eviction(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    told: list[str] = []
+    a.on_evicted(told.append)
+    x, y = etag(), etag()
+    assert set(await b.decide_eviction("node-b", [blob(x), blob(y)], None)) == {x, y}
+    await b.finish_eviction("node-b", [x], [y])
+
+    async def heard() -> bool:
+        return told == [x]
+
+    await eventually(heard)
+
+
+async def test_concurrent_evictors_never_choose_the_same_blob(stores: Stores) -> None:
+    nodes = [await stores.node() for _ in range(3)]
+    tags = [etag() for _ in range(30)]
+    chosen = await asyncio.gather(*(node.decide_eviction(f"node-{i}", [blob(t) for t in tags], None)
+                                    for i, node in enumerate(nodes)))
+    everything = [tag for one in chosen for tag in one]
+    assert sorted(everything) == sorted(tags)  # each blob once, by one evictor

@@ -263,12 +263,12 @@ async def test_a_bad_local_copy_is_dropped_and_the_shared_copy_kept(stores: Stor
     flip_a_byte(path)
     discarded = await discard_bad_copy(store, etag)
     if stores.backend == "local":
-        assert await store.drop_local(etag) is False
+        assert store.drop_local(etag) is False
         assert discarded == Discarded(local=False, shared=True)
         assert await store.stat(etag) is None and await other.stat(etag) is None
         return
     assert discarded == Discarded(local=True, shared=False)
-    assert store.cached_path(etag) is None and await store.drop_local(etag) is False  # nothing left to drop
+    assert store.cached_path(etag) is None and store.drop_local(etag) is False  # nothing left to drop
     assert await other.verify_shared(etag) is True  # the bucket object survived
     again = await store.local_path(etag)
     assert again is not None and again.read_bytes() == data
@@ -441,6 +441,20 @@ async def test_s3_hot_tier_is_bounded_lru(s3_stores: Stores) -> None:
     local = await store.local_path(etags[0])
     assert local is not None and local.read_bytes() == bytes([0]) * 10_000
     assert store.hot_tier_usage()[0] <= 25_000
+
+
+async def test_drop_local_drops_only_a_nodes_own_copy(stores: Stores) -> None:
+    first, second = await stores.new(), await stores.new()
+    etag, partial = write_partial(first, b"kept in the store")
+    await first.commit(etag, partial)
+    assert await second.local_path(etag) is not None
+    dropped = second.drop_local(etag)
+    assert dropped is (stores.backend == "s3")  # a hot tier's copy; the local store's blobs are the store
+    assert await first.stat(etag) is not None and await second.stat(etag) is not None
+    if dropped:
+        assert second.cached_path(etag) is None
+        assert (await second.local_path(etag)).read_bytes() == b"kept in the store"  # type: ignore[union-attr]
+    assert not second.drop_local(uuid.uuid4().hex * 2)
 
 
 async def test_s3_corrupt_bucket_object_never_enters_the_hot_tier(s3_stores: Stores) -> None:

@@ -70,9 +70,10 @@ def database(postgres: postgres_server.PostgresServer) -> str:
     return postgres.create_database()
 
 
-def start_fleet(fleet: Fleet, emu: EmulatorHandle, database: str, count: int = 3) -> list[MirrorProcess]:
+def start_fleet(fleet: Fleet, emu: EmulatorHandle, database: str, count: int = 3,
+                env: dict[str, str] | None = None) -> list[MirrorProcess]:
     """``count`` nodes on the fleet's bucket and ``database``, as ``Fleet.start`` does, with a startup deadline
-    that survives a loaded machine."""
+    that survives a loaded machine (``env``: more settings for every node)."""
     storage = ["--storage", "s3", "--s3-endpoint", fleet.s3.endpoint, "--s3-bucket", fleet.s3.bucket,
                "--s3-prefix", fleet.prefix, "--metadata-url", database]
     procs = []
@@ -80,7 +81,7 @@ def start_fleet(fleet: Fleet, emu: EmulatorHandle, database: str, count: int = 3
         name = f"node{len(fleet.nodes)}"
         (fleet.tmp / name).mkdir(parents=True, exist_ok=True)
         proc = MirrorProcess(emu.url, fleet.tmp / name / "cache", *storage,
-                             env={**fleet.s3.env, "HF_MIRROR_FLEET_LEASE_SECONDS": str(TTL)})
+                             env={**fleet.s3.env, "HF_MIRROR_FLEET_LEASE_SECONDS": str(TTL), **(env or {})})
         proc.env["HF_MIRROR_NODE_URL"] = proc.url
         fleet.nodes.append(proc)
         procs.append(proc)
@@ -408,3 +409,110 @@ def test_cache_verify_deletes_a_bucket_object_that_fails_its_own_check(upstream:
     assert bucket_object(fleet, etag) is None and not hot.exists()
     result = verify_cli(fleet, a, database)
     assert result.returncode == 0 and "verified 0 blobs" in result.stdout, result.stdout + result.stderr
+
+# --- evictions are the fleet's (issue 25 item 4) --------------------------------------------------------------------
+
+ADMIN = "fleet-admin-token"
+
+
+def live_marks(database: str, etag: str, node: MirrorProcess | None = None) -> int:
+    """Live busy marks of ``etag`` in the database (of ``node``'s process only, when given)."""
+    import psycopg
+
+    query = "SELECT count(*) FROM hf_mirror_busy WHERE etag = %s AND expires > now()"
+    args: tuple[Any, ...] = (etag,)
+    if node is not None:
+        assert node.proc is not None
+        query += " AND node LIKE %s"
+        args += (f"%:{node.proc.pid}:%",)
+    with psycopg.connect(database, autocommit=True) as conn:
+        row = conn.execute(query, args).fetchone()
+    return int(row[0]) if row else 0
+
+
+def evict(node: MirrorProcess, repo: str) -> dict[str, Any]:
+    response = httpx.post(node.url + f"/api/mirror/repos/{repo}/evict", json={}, timeout=60,
+                          headers={"authorization": f"Bearer {ADMIN}"})
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def gc_on(node: MirrorProcess, fleet: Fleet, database: str) -> str:
+    """``hf-mirror cache gc --max-size 1K`` on ``node``'s cache directory (beside the running server)."""
+    result = cli("cache", "gc", "--max-size", "1K", "--cache-dir", str(node.cache_dir), "--storage", "s3",
+                 "--s3-endpoint", fleet.s3.endpoint, "--s3-bucket", fleet.s3.bucket, "--s3-prefix", fleet.prefix,
+                 "--metadata-url", database, env=fleet.s3.env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def hot_copy(node: MirrorProcess, etag: str) -> Path:
+    return node.cache_dir / "blobs" / etag[:2] / etag
+
+
+def test_an_eviction_on_one_node_waits_for_a_read_on_another_then_every_node_drops_it(
+        upstream: EmulatorHandle, nodes: Fleet, database: str) -> None:
+    emu, fleet = upstream, nodes
+    a, b, c = start_fleet(fleet, emu, database, env={"HF_MIRROR_ADMIN_TOKEN": ADMIN})
+    data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
+    etag = emu.files.etag(*BIG[:2], "main", BIG[2])
+    key = f"blobs/{etag[:2]}/{etag}"
+    status, body, _ = get(a.url + BIG_URL)
+    assert status == 200 and body == data and emu.fetch_count(*BIG) == 1
+    _wait_for(lambda: blob_keys(fleet) == {key}, "A's commit")
+    # B streams the blob (its copy from the bucket, then its hot tier) to a client that reads slowly.
+    with httpx.Client(timeout=120) as client, client.stream("GET", b.url + BIG_URL) as slow:
+        assert slow.status_code == 200
+        chunks = slow.iter_raw(64 * 1024)
+        received = bytearray(next(chunks))
+        _wait_for(lambda: live_marks(database, etag, b) > 0, "B's busy mark in the database")
+        # The quota's gc and an operator's evict on A, while B's client is still reading: the fleet keeps it.
+        gc_on(a, fleet, database)
+        assert evict(a, f"dataset/{BIG[1]}")["blobs"] == 0
+        assert blob_keys(fleet) == {key}, "a blob read on B was evicted by A"
+        # C finds it in the bucket: no second upstream fetch.
+        status, body, _ = get(c.url + BIG_URL)
+        assert status == 200 and body == data
+        for chunk in chunks:
+            received += chunk
+    assert bytes(received) == data  # B's reader got every byte right
+    assert emu.fetch_count(*BIG) == 1, emu.stats()["fetches"]
+    assert hot_copy(b, etag).exists() and hot_copy(c, etag).exists()
+    # Every read over: the next evict on A removes it, and B and C drop their hot copies when told.
+    _wait_for(lambda: live_marks(database, etag) == 0, "the busy marks to go once the reads ended")
+    assert evict(a, f"dataset/{BIG[1]}")["blobs"] == 1
+    assert blob_keys(fleet) == set()
+    _wait_for(lambda: not hot_copy(b, etag).exists() and not hot_copy(c, etag).exists(),
+              "B and C to drop their hot copies")
+    status, body, headers = get(b.url + BIG_URL)  # from upstream again, never a stale copy
+    assert status == 200 and body == data and headers.get("x-mirror-cache") != "hit", headers
+    assert emu.fetch_count(*BIG) == 2, emu.stats()["fetches"]
+    print("evict and gc on A while B streamed: kept (0 evicted), C served from the bucket (1 upstream fetch); "
+          "after the read: evicted, dropped from B's and C's hot tiers")
+
+
+def test_a_pin_through_one_node_survives_an_evict_and_a_gc_on_another(upstream: EmulatorHandle, nodes: Fleet,
+                                                                     database: str) -> None:
+    emu, fleet = upstream, nodes
+    a, b = start_fleet(fleet, emu, database, count=2, env={"HF_MIRROR_ADMIN_TOKEN": ADMIN})
+    url = f"/{MODEL}/resolve/main/config.json"
+    status, body, _ = get(b.url + url)
+    assert status == 200
+    etag = emu.files.etag("model", MODEL, "main", "config.json")
+    key = f"blobs/{etag[:2]}/{etag}"
+    _wait_for(lambda: key in blob_keys(fleet), "B's commit")
+    response = httpx.post(b.url + f"/api/mirror/repos/model/{MODEL}/pin", json={}, timeout=30)
+    assert response.status_code == 200, response.text
+    status, _, _ = get(a.url + url)  # A knows the file too (its index has no pin of it)
+    assert status == 200
+    _wait_for(lambda: live_marks(database, etag) == 0, "the reads' marks to go")
+    assert evict(a, f"model/{MODEL}")["blobs"] == 0
+    gc_on(a, fleet, database)
+    assert key in blob_keys(fleet)
+    assert hot_copy(b, etag).exists()
+    response = httpx.post(b.url + f"/api/mirror/repos/model/{MODEL}/unpin", json={}, timeout=30,
+                          headers={"authorization": f"Bearer {ADMIN}"})
+    assert response.status_code == 200, response.text
+    assert evict(a, f"model/{MODEL}")["blobs"] >= 1
+    assert key not in blob_keys(fleet)
+    _wait_for(lambda: not hot_copy(b, etag).exists(), "B to drop its hot copy")

@@ -138,7 +138,7 @@ class XetCas:
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": b""})
             return source.outcome
-        async with self._reader(source, file_start, file_end) as read:
+        async with self._reader(source, file_start, file_end, claims["e"]) as read:
             # The first bytes before the headers: a fill that fails at once is an error answer, not a cut body.
             first_stop = min(last, (first // xorb.FRAME + _FRAMES_PER_READ) * xorb.FRAME - 1)
             pending = await self._framed(read, size, index, first, first_stop)
@@ -179,8 +179,8 @@ class XetCas:
         data = await read(start, end)
         return xorb.frame(size, index, first, last, data, start)
 
-    def _reader(self, source: BlobSource, start: int, end: int) -> SourceReader:
-        return SourceReader(self.fills, self.service, source, start, end)
+    def _reader(self, source: BlobSource, start: int, end: int, etag: str) -> SourceReader:
+        return SourceReader(self.fills, self.service, source, start, end, etag)
 
     def _caller(self, claims: dict) -> Caller | None:
         mode = claims.get("m")

@@ -18,8 +18,9 @@ class SourceReader:
     """``read(a, b)`` of file bytes ``[a, b)``, in increasing order, from a cached blob, a fill or a relay."""
 
     def __init__(self, fills: FillManager, service: MirrorService, source: Cached | Filling | Relay, start: int,
-                 end: int) -> None:
+                 end: int, etag: str) -> None:
         self.fills = fills
+        self.etag = etag
         self.service = service
         self.source = source
         self.start, self.end = start, end
@@ -27,6 +28,18 @@ class SourceReader:
         self._contexts: list[contextlib.AbstractAsyncContextManager] = []
 
     async def __aenter__(self) -> Callable[[int, int], Awaitable[bytes]]:
+        busy = self.service.reading(self.etag)  # no node of a fleet evicts the blob while its bytes go out
+        busy.__enter__()
+        self._closers.append(lambda: busy.__exit__(None, None, None))
+        try:
+            return await self._open()
+        except BaseException:
+            for close in self._closers:  # no __aexit__ follows a failed __aenter__
+                close()
+            self._closers.clear()
+            raise
+
+    async def _open(self) -> Callable[[int, int], Awaitable[bytes]]:
         source = self.source
         loop = asyncio.get_running_loop()
         if type(source) is Cached:

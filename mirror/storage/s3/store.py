@@ -179,7 +179,7 @@ class S3BlobStore:
         existed = self.hot_tier.remove(etag)
         return await self.objects.delete_blob(etag) or existed
 
-    async def drop_local(self, etag: str) -> bool:
+    def drop_local(self, etag: str) -> bool:
         """Drop this node's hot-tier copy only: the bucket object is the fleet's, and is checked on its own."""
         return self.hot_tier.remove(etag)
 
