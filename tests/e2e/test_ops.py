@@ -48,7 +48,9 @@ def browser_dom(url: str, tmp_path: Path) -> str:
 
 def test_status_page_in_a_browser_shows_repos_usage_health_and_fills(emu, tmp_path):
     emu.clear_faults()
-    with MirrorProcess(emu.url, tmp_path / "cache", "--max-size", "10G") as mirror:
+    # No shutdown grace: the throttled fill the browser looked at is cancelled at the end, not waited for.
+    with MirrorProcess(emu.url, tmp_path / "cache", "--max-size", "10G",
+                       env={"HF_MIRROR_SHUTDOWN_GRACE": "0"}) as mirror:
         for path in ("/acme/tiny-model/resolve/main/config.json", "/acme/tiny-model/resolve/main/model.safetensors"):
             assert httpx.get(mirror.url + path).status_code == 200
             assert httpx.get(mirror.url + path).status_code == 200  # a hit: 2 hits, 3 misses with big.bin below
