@@ -26,7 +26,7 @@ from mirror.fill import Fill, FillManager
 from mirror.fill import resume as resume_module
 from mirror.metrics import Outcome
 from mirror.parts import Parts, build_parts
-from mirror.service.answers import BlobSource, Cached, Filling, ResolvedFile
+from mirror.service.answers import BlobSource, Cached, Filling, Relay, ResolvedFile
 from tests.support.fake_upstream import FakeBody, FakeUpstream, Opened
 
 PUBLIC = hf.RepoRef(hf.RepoType.MODEL, "acme/tiny")
@@ -336,3 +336,24 @@ async def test_a_stored_blob_is_served_without_asking_upstream(parts: Parts, hub
     assert Path(source.path).read_bytes() == CONFIG
     assert sum(hub.calls.values()) == calls
 
+
+
+async def test_a_file_with_no_disk_room_is_relayed_without_being_stored(hub: FakeUpstream) -> None:
+    tight = settings_for(hub.settings.cache_dir, min_free_space=2**60)  # no disk leaves an exabyte free
+    async with mirror_service(tight, hub) as parts:
+        resolved = await parts.service.resolve_file(target(PUBLIC, "model.safetensors"), ANON)
+        source = await parts.service.open_blob(resolved, ANON, 1000, 1999)
+        assert isinstance(source, Relay) and source.outcome is Outcome.PASSTHROUGH
+        async with parts.service.relay_file(source, chunk_size=256) as chunks:
+            relayed = b"".join([chunk async for chunk in chunks])
+        assert relayed == WEIGHTS[1000:2000]
+        assert hub.count("open_file") == 0 and parts.store.cached_path(resolved.entry.etag) is None
+
+
+async def test_a_revision_asked_over_the_api_names_the_commit_of_the_branch(parts: Parts, hub: FakeUpstream) -> None:
+    revision = hf.ApiTarget(PUBLIC, "revision", "main", "")
+    answer = await parts.service.api(revision, "GET", PUBLIC.api_path("/revision/main"), [], None, ANON)
+    assert answer.outcome is Outcome.MISS and answer.status == 200
+    assert parts.service.commit_of(PUBLIC, "main") == hub.repos[PUBLIC].refs["main"]
+    resolved = await parts.service.resolve_file(target(PUBLIC, "config.json"), ANON)
+    assert resolved.entry.commit == hub.repos[PUBLIC].refs["main"] and hub.count("head_file") == 1
