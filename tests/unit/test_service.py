@@ -293,8 +293,8 @@ async def test_concurrent_readers_share_one_fill(parts: Parts, hub: FakeUpstream
     assert len({id(s.fill) for s in sources}) == 1  # type: ignore[union-attr]
     assert sources[0].outcome is Outcome.MISS
     readers = [asyncio.ensure_future(read_all(parts, s)) for s in sources]
-    await asyncio.wait_for(written(sources[0].fill, half), 10)  # type: ignore[union-attr]  # half-way, held there
-    assert hub.bodies[0].held.is_set()
+    await asyncio.wait_for(written(sources[0].fill, half), 10)  # type: ignore[union-attr]  # half-way ...
+    assert await asyncio.to_thread(hub.bodies[0].held.wait, 10)  # ... and held there: the next read waits
     hub.bodies[0].release()
     assert await asyncio.gather(*readers) == [WEIGHTS] * 3
     assert len(hub.opened) == 1
