@@ -85,10 +85,11 @@ class Parts:
 
 
 def build_parts(settings: Settings, metrics: Metrics | None = None, *,
-                fill_manager: type[FillManager] = FillManager) -> Parts:
+                fill_manager: type[FillManager] = FillManager, upstream: UpstreamClient | None = None) -> Parts:
     """Every part from ``settings``: the store they name (local disk, or a bucket shared by several nodes with
     ``cache_dir`` as its hot tier), the index under ``cache_dir``, and the rest on top. ``fill_manager``: a
-    subclass of the fill engine (``sync`` counts its downloads)."""
+    subclass of the fill engine (``sync`` counts its downloads). ``upstream``: a client built elsewhere (the unit
+    tests' fake Hub at the client's interface, tests/support/fake_upstream.py); by default, one from ``settings``."""
     metrics = metrics if metrics is not None else Metrics()
     settings.cache_dir.mkdir(parents=True, exist_ok=True)
     index = MetadataIndex(index_dir(settings.cache_dir), negative_max_entries=settings.negative_max_entries,
@@ -102,7 +103,7 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     lease_ttl = settings.fleet_lease_seconds if leases is not None else settings.lease_stale_seconds
     # The fleet's evictions (a database): what this process reads or fills is busy for every node.
     busy = BusyMarks(metadata, settings.fleet_lease_seconds) if settings.metadata_url else None
-    upstream = UpstreamClient(settings, metrics)
+    upstream = upstream if upstream is not None else UpstreamClient(settings, metrics)
     fills = fill_manager(
         store, upstream, metrics, chunk_size=settings.fill_chunk_size, lease_ttl=lease_ttl,
         cancel_on_disconnect=settings.fill_on_disconnect == "cancel", node_url=settings.node_url, busy=busy,

@@ -157,22 +157,23 @@ def test_huge_headers_are_cut_before_they_are_buffered(limited):
     # 100 MiB of one header, streamed: the mirror must cut it early, not read it all.
     total, sent, cut = 100 * MIB, 0, False
     chunk = b"d" * (256 * 1024)
-    started = time.monotonic()
     with connect(limited, timeout=10) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: m\r\nX-Huge: ")
         try:
             while sent < total:
                 sock.sendall(chunk)
                 sent += len(chunk)
-        except (TimeoutError, ConnectionError):
+        except TimeoutError:
+            # No byte taken for 10 s, the connection still open: the mirror stopped reading but never closed it.
+            raise AssertionError(f"the mirror stopped reading after {sent / MIB:.1f} MiB and kept the connection") \
+                from None
+        except ConnectionError:
             cut = True
         if not cut:
             assert status_or_cut(sock) in (431, None)
-    elapsed = time.monotonic() - started
     assert cut, "the mirror read a 100 MiB header to its end"
     # What got out before the cut is what the kernel buffers on both sides of the loopback hold, not 100 MiB.
     assert sent <= 32 * MIB, f"{sent / MIB:.1f} MiB sent before the cut"
-    assert elapsed < 10
 
     after = rss_bytes(limited)
     assert after - before < 20 * MIB, f"RSS grew by {(after - before) / MIB:.1f} MiB"
@@ -531,8 +532,7 @@ def test_control_characters_in_a_path_never_reach_the_log_raw(emulator, tmp_path
             with connect(proc) as sock:
                 sock.sendall(f"GET {path} HTTP/1.1\r\nHost: m\r\nUser-Agent: ua\r\n\r\n".encode())
                 status_or_cut(sock)
-        time.sleep(1.0)  # the access log is written in batches
-        log = proc.log()
+        log = proc.flushed_log()
     assert "\x1b" not in log and "\x7f" not in log and "\x9b" not in log and "\x00" not in log
     assert "\r" not in log
     lines = log.splitlines()

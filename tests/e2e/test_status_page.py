@@ -24,7 +24,7 @@ from websockets.sync.client import connect
 from mirror.sync.record import record_run
 from tests.support.hub_emulator.fixtures import DENIED_TOKEN, GOOD_TOKEN
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
-from tests.support.mirror_proc import MirrorProcess
+from tests.support.mirror_proc import MirrorProcess, wait_for
 
 MODEL_FILES = ("config.json", "model.safetensors", "sub/nested.txt")
 MIRROR_TOKEN = "mt_status_operator"
@@ -144,7 +144,15 @@ def test_status_page_lists_searches_pages_and_its_buttons_pin_unpin_evict_warm(e
         assert httpx.get(f"{mirror.url}/acme/tiny-model/resolve/main/config.json").status_code == 200  # a hit
         for path in ("train.jsonl", "test.jsonl"):
             assert httpx.get(f"{mirror.url}/datasets/acme/tiny-jsonl/resolve/main/{path}").status_code == 200
-        time.sleep(2.5)  # a few samples of traffic, and a fresh usage snapshot
+        # A few samples of traffic, and a fresh usage snapshot: waited for in the JSON.
+        def sampled() -> bool:
+            status = httpx.get(mirror.url + "/api/mirror/status").json()
+            points = status["history"]["points"]
+            model = [r for r in status["repos"] if r["id"] == "acme/tiny-model"]
+            return (status["repos_total"] == 2 and bool(model) and model[0]["files"] == 3
+                    and sum(p["hits"] for p in points) >= 1 and sum(p["bytes_served"] for p in points) > 75_000)
+
+        wait_for(sampled, timeout=30)
 
         # The JSON: paginated and searched on the server.
         everything = httpx.get(mirror.url + "/api/mirror/status").json()
@@ -172,8 +180,7 @@ def test_status_page_lists_searches_pages_and_its_buttons_pin_unpin_evict_warm(e
         assert browser.eval("document.getElementById('repo-count').textContent") == "1–1 of 2"
         assert browser.eval("!!document.getElementById('next-page')")
         browser.eval("document.getElementById('next-page').click()")
-        time.sleep(1)
-        assert "acme/tiny-model" in browser.eval("document.querySelector('#repos').textContent")
+        assert browser.wait("document.querySelector('#repos').textContent.includes('acme/tiny-model')")
         browser.goto(mirror.url + "/?q=tiny-model")
         rows = browser.eval("[...document.querySelectorAll('#repos tr[data-repo]')].map(r => r.dataset.repo)")
         assert rows == ["model:acme/tiny-model"]
@@ -306,11 +313,17 @@ def test_the_page_refreshes_in_place_sorts_filters_and_shows_a_repo_page(emu, tm
         gated = {"authorization": f"Bearer {GOOD_TOKEN}"}
         assert httpx.get(f"{mirror.url}/acme/gated-model/resolve/main/config.json", headers=gated).status_code == 200
         record_run(cache, str(tmp_path / "nightly.toml"), ok=False, files=2, size=1234, failed=1)
-        time.sleep(2.5)
 
         # Gated repos: listed to the admin and to a Hub token upstream confirmed, not to others (who read a note).
         def listed(**headers: str) -> dict[str, Any]:
             return httpx.get(mirror.url + "/api/mirror/status", headers=headers).json()
+
+        def sampled() -> bool:  # a fresh usage snapshot, the sync run and the error in the traffic samples
+            status = listed(authorization=f"Bearer {ADMIN_TOKEN}")
+            return (len(status["repos"]) == 3 and bool(status["sync_runs"])
+                    and sum(p["errors"] for p in status["history"]["points"]) >= 1)
+
+        wait_for(sampled, timeout=30)
         anonymous = listed()
         assert [r["id"] for r in anonymous["repos"]] == ["acme/tiny-jsonl", "acme/tiny-model"]
         assert anonymous["repos_hidden"] is True

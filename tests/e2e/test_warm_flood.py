@@ -91,6 +91,14 @@ def test_a_warm_flood_leaves_cached_hits_fast(emulator, flooded: str, tmp_path: 
         for _ in range(20):  # cached, and the process past its first requests
             assert client.get(CACHED).status_code == 200
         assert client.get(CACHED).headers["x-mirror-cache"] == "hit"
+        # The same GETs without a flood, on this machine as loaded as it is now: the yardstick of "fast".
+        calm: list[float] = []
+        for _ in range(100):
+            began = time.perf_counter()
+            client.get(CACHED)
+            calm.append(time.perf_counter() - began)
+        calm.sort()
+        calm_p99 = calm[98]
         emulator.reset_stats()
         emulator.set_faults(latency_s=0.05)  # upstream a network away: jobs last, as they do against the Hub
         before = rss_kib(pid)
@@ -129,11 +137,14 @@ def test_a_warm_flood_leaves_cached_hits_fast(emulator, flooded: str, tmp_path: 
         latencies.sort()
         p99 = latencies[int(len(latencies) * 0.99) - 1]
         accepted = sum(1 for status, *_ in answers if status == 202)
-        print(f"\n{len(latencies)} cached GETs during the flood: p50 {latencies[len(latencies) // 2] * 1000:.1f} ms, "
+        print(f"\np99 of cached GETs without a flood: {calm_p99 * 1000:.1f} ms")
+        print(f"{len(latencies)} cached GETs during the flood: p50 {latencies[len(latencies) // 2] * 1000:.1f} ms, "
               f"p99 {p99 * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms; RSS {before // 1024} -> peak "
               f"{peak // 1024} MiB; {accepted} of 300 accepted into {len(jobs)} job(s), "
               f"{sum(1 for s, *_ in answers if s == 429)} x 429, {sum(1 for s, *_ in answers if s == 503)} x 503")
-        assert p99 <= 0.250, f"p99 {p99 * 1000:.0f} ms"
+        # Fast: within 250 ms, or within ten times what the same GETs take without a flood on this machine (a
+        # loaded CI box slows both; a loop starved by warm jobs makes hits wait seconds, far beyond either).
+        assert p99 <= max(0.250, 10 * calm_p99), f"p99 {p99 * 1000:.0f} ms, {calm_p99 * 1000:.1f} ms without a flood"
         assert peak - before <= 96 * 1024, f"RSS grew {(peak - before) // 1024} MiB"
         # Each file of the repo came from upstream at most once, however many jobs asked for it.
         for path in main_files(emulator, flooded):

@@ -70,6 +70,15 @@ class MirrorProcess:
         except FileNotFoundError:
             return ""
 
+    def flushed_log(self, timeout: float = 30.0) -> str:
+        """The log once the access log's batch holding every request answered so far is written (lines go out in
+        batches): a request marked with an id of its own is sent, and its line waited for. One worker only (each
+        worker writes its own batches)."""
+        marker = f"log-flushed-{os.urandom(6).hex()}"
+        httpx.get(self.url + "/healthz", headers={"x-request-id": marker}, timeout=10)
+        wait_for(lambda: marker in self.log(), timeout)
+        return self.log()
+
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)

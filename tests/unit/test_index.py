@@ -13,6 +13,7 @@ import pytest
 from mirror.hf import RepoRef, RepoType
 from mirror.index import (
     NEGATIVE_TTL,
+    READ_KEEP,
     ApiEntry,
     FileEntry,
     MetadataIndex,
@@ -74,6 +75,39 @@ def test_blob_names_are_hex_digests() -> None:
     assert blob_key(sha256) == sha256 and blob_key(sha1) == sha1
     other = blob_key('W/"not-a-digest"')
     assert other.startswith("x") and len(other) == 65 and other == blob_key('W/"not-a-digest"')
+
+
+# --- time to live ----------------------------------------------------------------------------------------------------
+
+
+def test_a_ref_is_fresh_for_its_ttl_then_stale_but_still_known(index: MetadataIndex,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    now = 1_000_000.0
+    monkeypatch.setattr(time, "time", lambda: now)
+    index.put_ref(REPO, "main", COMMIT)
+    assert index.get_ref_fresh(REPO, "main", ttl=60).commit == COMMIT  # type: ignore[union-attr]
+    now += 59.5
+    assert index.get_ref_fresh(REPO, "main", ttl=60) is not None
+    now += 1
+    assert index.get_ref_fresh(REPO, "main", ttl=60) is None  # past the TTL: asked upstream again
+    assert index.get_ref(REPO, "main").commit == COMMIT  # type: ignore[union-attr]  # still there for a stale answer
+    index.put_ref(REPO, "main", "b" * 40)  # confirmed again: fresh from now
+    assert index.get_ref_fresh(REPO, "main", ttl=60).commit == "b" * 40  # type: ignore[union-attr]
+
+
+def test_a_file_entry_and_api_json_do_not_expire_but_a_read_route_answer_does(index: MetadataIndex,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a path is at a commit never changes (kept for good); an answer of the route table is kept READ_KEEP
+    seconds (a stale fallback), then culled."""
+    index.put_file(REPO, FileEntry(COMMIT, "config.json", "b" * 40, 10))
+    index.put_api(REPO, COMMIT, "info:", "", api_entry())
+    index.put_read("/api/whoami-v2", "anon", "", api_entry())
+    later = time.time() + READ_KEEP + 1
+    monkeypatch.setattr(time, "time", lambda: later)
+    assert index.cull_expired() == 1
+    assert index.get_read("/api/whoami-v2", "anon", "") is None
+    assert index.get_file(REPO, COMMIT, "config.json") is not None
+    assert index.get_api(REPO, COMMIT, "info:", "") is not None
 
 
 # --- negative entries -------------------------------------------------------------------------------------------------

@@ -24,16 +24,27 @@ def answer(status: int, headers: Mapping[str, str] | None = None, body: bytes = 
     return UpstreamAnswer(status, httpx.Headers(dict(headers or {})), body, reason)
 
 
+class Closing(UpstreamAnswer):
+    """An answer that says when it was closed (a streamed one releases its connection there)."""
+
+    closed = False
+
+    async def aclose(self) -> None:
+        object.__setattr__(self, "closed", True)
+
+
 class Upstream:
     """Answers in order, counting the tries and the answers closed before a retry."""
 
     def __init__(self, *answers: UpstreamAnswer) -> None:
-        self.answers = list(answers)
+        self.answers = [Closing(a.status_code, a.headers, a.content, a.reason_phrase) for a in answers]
+        self.given: list[Closing] = []
         self.tries = 0
 
     async def attempt(self) -> UpstreamAnswer:
         self.tries += 1
-        return self.answers.pop(0)
+        self.given.append(self.answers.pop(0))
+        return self.given[-1]
 
 
 @pytest.fixture
@@ -86,6 +97,13 @@ async def test_retry_after_is_capped_by_the_backoff_maximum(delays: list[float])
     upstream = Upstream(*(answer(503) for _ in range(6)))
     await with_retries(upstream.attempt, retries=5, backoff_max=1.0)
     assert max(delays[1:]) == 1.0
+
+
+async def test_every_answer_retried_is_closed_and_the_one_returned_is_not(delays: list[float]) -> None:
+    upstream = Upstream(answer(503), answer(502), answer(200))
+    result = await with_retries(upstream.attempt, retries=3, backoff_max=10)
+    assert result.status_code == 200
+    assert [a.closed for a in upstream.given] == [True, True, False]  # the caller reads and closes the last one
 
 
 # --- error answers as the mirror's exceptions -------------------------------------------------------------------------
