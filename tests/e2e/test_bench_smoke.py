@@ -108,5 +108,5 @@ def test_fleet_small(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "bench.fleet", "--heads", "20", "--rounds", "1", "--json", str(out)],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (row,) = [row for r in json.loads(out.read_text())["reports"] for row in r["rows"]]
+    row = [row for r in json.loads(out.read_text())["reports"] for row in r["rows"]][0]
     assert row["upstream_requests"] == 0 and row["mirror"] > 0 and row["reference"] > 0
