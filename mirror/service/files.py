@@ -48,8 +48,10 @@ class FileService(ServiceCore):
         repo, revision, path = target.repo, target.revision, target.path
         commit = self._known_commit(repo, revision, fresh=True) or await self._fleet_commit(repo, revision)
         if commit is not None:
-            entry = (self.index.get_file(repo, commit, path) or entry_from_listing(self.index, repo, commit, path)
-                     or await self._fleet_file(repo, commit, path))
+            entry = self.index.get_file(repo, commit, path) or entry_from_listing(self.index, repo, commit, path)
+            if entry is None and (entry := await self._fleet_file(repo, commit, path)) is not None:
+                if self.xet is not None and entry.lfs:  # its Xet hash, if the node that asked upstream learnt one
+                    await self.xet.recall(repo, commit, [path])
             if entry is not None:
                 await self._check_content_access(repo, revision, path, caller)
                 return self._found(repo, entry, _HIT)

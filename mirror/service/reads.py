@@ -61,6 +61,19 @@ class ReadService(ApiService):
             if cached is not None:
                 return await self._stale_read(by_repo, caller, cached, OfflineMiss("offline"))
             raise OfflineMiss(f"{path[:200]} is not cached and the mirror is offline")
+        if self.shared is not None and not revalidate:
+            # Another node's answer within the ttl is this node's too, kept in its index.
+            fleet = (await self.shared.api(by_repo.repo, None, key_route, key_query) if by_repo is not None
+                     else await self.shared.read(path, digest, key_query))
+            if fleet is not None and (cached is None or fleet.fetched_at > cached.fetched_at):
+                cached = fleet  # the stale fallback too
+                if time.time() - fleet.fetched_at < ttl:
+                    if by_repo is not None:
+                        await self._check_meta_access(by_repo, caller, fleet)
+                        self.index.put_api(by_repo.repo, None, key_route, key_query, fleet, expire=READ_KEEP)
+                    else:
+                        self.index.put_read(path, digest, key_query, fleet)
+                    return ApiResult(fleet.status, fleet.headers, fleet.body, Outcome.HIT)
         try:
             response = await self.upstream.api("GET", path + (f"?{urlencode(query)}" if query else ""), caller.token,
                                                guard=caller.check)
@@ -83,8 +96,12 @@ class ReadService(ApiService):
             self.index.put_api(by_repo.repo, None, key_route, key_query, entry, expire=READ_KEEP)
             self.access.record_public(by_repo.repo, "meta", caller.token)
             self.access.record_allowed(by_repo.repo, "meta", caller.token)
+            if self.shared is not None:
+                self.shared.share_api(by_repo.repo, None, key_route, key_query, entry)
         else:
             self.index.put_read(path, digest, key_query, entry)
+            if self.shared is not None:
+                self.shared.share_read(path, digest, key_query, entry)
         return ApiResult(entry.status, entry.headers, entry.body, Outcome.MISS)
 
     async def _stale_read(self, target: hf.ApiTarget | None, caller: Caller, cached: ApiEntry | None,
