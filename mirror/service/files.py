@@ -17,7 +17,15 @@ from contextlib import asynccontextmanager
 
 from mirror import hf
 from mirror.access import Caller, token_digest
-from mirror.errors import EntryNotFound, ErrorCode, HubError, MirrorError, OfflineMiss, UpstreamUnavailable
+from mirror.errors import (
+    EntryNotFound,
+    ErrorCode,
+    HubError,
+    MetadataUnavailable,
+    MirrorError,
+    OfflineMiss,
+    UpstreamUnavailable,
+)
 from mirror.fill import FillSpec
 from mirror.index import FileEntry, blob_key
 from mirror.metrics import Outcome
@@ -179,6 +187,12 @@ class FileService(ServiceCore):
             return str(path)
         if self.settings.offline and await self.store.stat(entry.etag) is None:
             raise OfflineMiss(f"{entry.path} is not cached and the mirror is offline")
+        if (self.shared is not None and self.shared.down and self.settings.storage == "s3"
+                and not self.fills.is_filling(entry.etag) and await self.store.stat(entry.etag) is None):
+            # A new fill needs its lease from the fleet's database, which failed a moment ago: a clear 503 now,
+            # rather than a response cut once the lease cannot be had.
+            raise MetadataUnavailable(f"{entry.path} is not cached and the fleet's metadata database is unreachable, "
+                                      "so it cannot be fetched now; try again later")
         spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
                         token=self.fill_token(resolved, caller), cdn_url=resolved.cdn_url, detached=True)
         return str(await self.fills.fetch(spec))
@@ -210,6 +224,12 @@ class FileService(ServiceCore):
             return Cached(str(path), _STALE if stale else _HIT)
         if self.settings.offline and await self.store.stat(entry.etag) is None:
             raise OfflineMiss(f"{entry.path} is not cached and the mirror is offline")
+        if (self.shared is not None and self.shared.down and self.settings.storage == "s3"
+                and not self.fills.is_filling(entry.etag) and await self.store.stat(entry.etag) is None):
+            # A new fill needs its lease from the fleet's database, which failed a moment ago: a clear 503 now,
+            # rather than a response cut once the lease cannot be had.
+            raise MetadataUnavailable(f"{entry.path} is not cached and the fleet's metadata database is unreachable, "
+                                      "so it cannot be fetched now; try again later")
         spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
                         token=self.fill_token(resolved, caller),
                         cdn_url=resolved.cdn_url, detached=detached)
