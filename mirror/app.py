@@ -78,7 +78,8 @@ class Mirror:
         self.api = ApiHandler(self.service, metrics, max_paths_info=settings.max_paths_info,
                               max_relay_bytes=settings.max_api_body, body_timeout=settings.header_timeout)
         self.peer = PeerFillHandler(self.fills, metrics, chunk_size=settings.serve_chunk_size)
-        self.warm_jobs = WarmJobs(self.parts)  # warm on request, on the nightly sync's engine (mirror.sync.warm)
+        # Warm on request, on the nightly sync's engine (mirror.sync.warm); one job per warm across a fleet.
+        self.warm_jobs = WarmJobs(self.parts, fleet=self.parts.metadata if settings.metadata_url else None)
         self.warm = WarmHandler(self.warm_jobs, body_timeout=settings.header_timeout,
                                 confirm=self.service.confirm_content)
         # The dataset viewer's host and the Hub's parquet routes (issue 20): mirror.viewer.

@@ -10,7 +10,8 @@ Two implementations pass the one contract suite (``tests/contract/test_metadata_
 
 Beside refs, files, access confirmations and pins, the fleet shares what upstream answered on the API routes (API JSON,
 tree listings, the route table's reads: :class:`AnswerRecord`), the Xet hashes upstream named (:class:`XetRecord`) and
-named secrets generated once for the fleet (the Xet signing key).
+named secrets generated once for the fleet (the Xet signing key), and the warm jobs running (one per warm, whichever
+node is asked).
 
 A *fill lease* names the one process that downloads a blob. It has an ``epoch`` that grows at every grant to a new
 holder; only the holder of the current epoch may commit (:meth:`MetadataStore.fence`), so a holder that was frozen
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from mirror.hf import RepoRef
 from mirror.index import ApiEntry, FileEntry
@@ -147,6 +148,22 @@ class MetadataStore(Protocol):
     async def secret(self, name: str, candidate: bytes) -> bytes:
         """The secret ``name``: the one stored, else ``candidate``, stored now (the first of nodes racing wins; every
         node gets the winner's)."""
+        ...
+
+    # --- warm jobs: one per warm across the fleet --------------------------------------------------------------------
+
+    async def claim_job(self, identity: str, job_id: str, state: dict[str, Any], ttl: float) -> dict[str, Any] | None:
+        """Claim the warm ``identity`` (what it warms, for whom: never a token) for job ``job_id`` for ``ttl``
+        seconds: None when it is ours now, else the state of the live job that holds it (another node's)."""
+        ...
+
+    async def update_job(self, job_id: str, state: dict[str, Any], ttl: float, *, finished: bool = False) -> None:
+        """The job's state, its claim extended by ``ttl`` seconds; ``finished``: the claim is given up (a later warm
+        runs anew), the state kept for status reads."""
+        ...
+
+    async def get_job(self, job_id: str) -> dict[str, Any] | None:
+        """The last state a job published (kept a day after it ended)."""
         ...
 
     # --- pins: repos gc never evicts --------------------------------------------------------------------------------

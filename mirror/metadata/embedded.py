@@ -16,6 +16,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
+from typing import Any
 
 import diskcache
 
@@ -25,6 +26,9 @@ from mirror.index import ApiEntry, FileEntry, MetadataIndex
 from mirror.metadata.announce import Announcements, Subscription
 from mirror.metadata.base import AnswerRecord, HeldLease, LeaseRecord, RefRecord, XetRecord
 from mirror.storage.base import PeerAddress
+
+JOB_KEEP = 86400.0  # seconds a finished warm job's state is kept for status reads
+_CLAIM, _JOB = "warm-claim\x1f", "warm-job\x1f"  # lease-table keys of warm jobs (an etag is hex)
 
 
 class EmbeddedMetadata:
@@ -102,6 +106,38 @@ class EmbeddedMetadata:
 
     async def secret(self, name: str, candidate: bytes) -> bytes:
         return self.index.setdefault_secret(name, candidate)
+
+    # --- warm jobs: rows of the lease table, under keys no etag has (the host's worker processes share them) -------
+
+    async def claim_job(self, identity: str, job_id: str, state: dict[str, Any], ttl: float) -> dict[str, Any] | None:
+        table = self._table()
+        with table.transact():
+            now = time.time()
+            claim = table.get(_CLAIM + identity)
+            if claim is not None and claim[0] != job_id and claim[1] > now:
+                held = table.get(_JOB + claim[0])
+                if held is not None:
+                    return dict(held)
+            table.set(_CLAIM + identity, (job_id, now + ttl))
+            table.set(_JOB + job_id, dict(state), expire=JOB_KEEP, tag=identity)
+        return None
+
+    async def update_job(self, job_id: str, state: dict[str, Any], ttl: float, *, finished: bool = False) -> None:
+        table = self._table()
+        with table.transact():
+            identity = table.get(_JOB + job_id, tag=True)[1]
+            table.set(_JOB + job_id, dict(state), expire=JOB_KEEP, tag=identity)
+            if identity is not None:
+                claim = table.get(_CLAIM + identity)
+                if claim is not None and claim[0] == job_id:
+                    if finished:
+                        table.delete(_CLAIM + identity)
+                    else:
+                        table.set(_CLAIM + identity, (job_id, time.time() + ttl))
+
+    async def get_job(self, job_id: str) -> dict[str, Any] | None:
+        found = self._table().get(_JOB + job_id)
+        return None if found is None else dict(found)
 
     # --- pins -------------------------------------------------------------------------------------------------------
 

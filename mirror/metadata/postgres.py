@@ -49,6 +49,7 @@ CHANNEL = "hf_mirror_leases"
 _MIGRATION_LOCK = 0x6866_6D69  # pg_advisory_xact_lock key: "hfmi"
 ANSWER_KEEP = 86400.0  # seconds a branch's answer (or a route-table read) is kept: served fresh within the ttl only
 IMMUTABLE_KEEP = 30 * 86400.0  # seconds an answer at a commit is kept (it never changes; it is only asked again)
+JOB_KEEP = 86400.0  # seconds a warm job's state is kept after its last update
 _CULL_EVERY = 256  # a node culls expired answers after this many of its writes
 _CULL_BATCH = 1000  # rows one cull deletes at most (a short statement, whatever the backlog)
 
@@ -124,6 +125,15 @@ MIGRATIONS: tuple[str, ...] = (
         value       bytea NOT NULL,
         created_at  timestamptz NOT NULL DEFAULT now()
     );
+    CREATE TABLE hf_mirror_warm_jobs (
+        id          text PRIMARY KEY,
+        identity    text NOT NULL,          -- what it warms and for whom (a token's digest, never a token)
+        state       jsonb NOT NULL,         -- the job's status JSON, as GET /api/mirror/warm/{id} answers it
+        active      boolean NOT NULL,       -- holds the identity's claim (one live job per warm)
+        expires     timestamptz NOT NULL,   -- the claim's end, extended while the job runs
+        kept_until  timestamptz NOT NULL
+    );
+    CREATE UNIQUE INDEX hf_mirror_warm_jobs_claim ON hf_mirror_warm_jobs (identity) WHERE active;
     """,
 )
 
@@ -387,6 +397,43 @@ class PostgresMetadata:
         if row is None:
             raise MetadataUnavailable(f"the secret {name} was not stored")
         return bytes(row[0])
+
+    # --- warm jobs ---------------------------------------------------------------------------------------------------
+
+    @database_errors
+    async def claim_job(self, identity: str, job_id: str, state: dict[str, Any], ttl: float) -> dict[str, Any] | None:
+        async with self.pool.connection() as conn, conn.transaction():
+            # A claim whose job stopped publishing (its node died) is given up first.
+            await conn.execute("UPDATE hf_mirror_warm_jobs SET active = false "
+                               "WHERE identity = %s AND active AND expires <= now()", (identity,))
+            row = await (await conn.execute(
+                "INSERT INTO hf_mirror_warm_jobs (id, identity, state, active, expires, kept_until) "
+                "VALUES (%s, %s, %s, true, now() + make_interval(secs => %s), now() + make_interval(secs => %s)) "
+                "ON CONFLICT (identity) WHERE active DO NOTHING RETURNING id",
+                (job_id, identity, Jsonb(state), ttl, JOB_KEEP))).fetchone()
+            if row is not None:
+                return None
+            held = await (await conn.execute(
+                "SELECT state FROM hf_mirror_warm_jobs WHERE identity = %s AND active", (identity,))).fetchone()
+        return dict(held[0]) if held is not None else None
+
+    @database_errors
+    async def update_job(self, job_id: str, state: dict[str, Any], ttl: float, *, finished: bool = False) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "UPDATE hf_mirror_warm_jobs SET state = %s, active = active AND NOT %s, "
+                "expires = now() + make_interval(secs => %s), kept_until = now() + make_interval(secs => %s) "
+                "WHERE id = %s", (Jsonb(state), finished, ttl, JOB_KEEP, job_id))
+            self._writes += 1
+            if self._writes % _CULL_EVERY == 0:
+                await conn.execute("DELETE FROM hf_mirror_warm_jobs WHERE NOT active AND kept_until <= now()")
+
+    @database_errors
+    async def get_job(self, job_id: str) -> dict[str, Any] | None:
+        async with self._reading() as conn:
+            row = await (await conn.execute(
+                "SELECT state FROM hf_mirror_warm_jobs WHERE id = %s AND kept_until > now()", (job_id,))).fetchone()
+        return None if row is None else dict(row[0])
 
     # --- pins -------------------------------------------------------------------------------------------------------
 

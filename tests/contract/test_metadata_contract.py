@@ -288,3 +288,25 @@ async def test_a_secret_is_generated_once(stores: Stores) -> None:
     assert len(set(secrets)) == 1 and secrets[0] in {bytes([i]) * 32 for i in range(3)}
     assert await nodes[0].secret("xet", b"x" * 32) == secrets[0]
     assert await nodes[0].secret("other", b"y" * 32) == b"y" * 32
+
+
+async def test_one_live_job_per_warm_across_the_fleet(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    warm = '["model:acme/tiny","main",null,null,null]'
+    assert await a.claim_job(warm, "job-a", {"id": "job-a", "state": "queued"}, 30) is None
+    assert await b.claim_job(warm, "job-b", {"id": "job-b", "state": "queued"}, 30) == {"id": "job-a",
+                                                                                       "state": "queued"}
+    await a.update_job("job-a", {"id": "job-a", "state": "running", "files_done": 1}, 30)
+    assert await b.get_job("job-a") == {"id": "job-a", "state": "running", "files_done": 1}
+    assert (await b.claim_job(warm, "job-c", {"id": "job-c"}, 30))["state"] == "running"  # type: ignore[index]
+    assert await b.get_job("job-b") is None and await b.get_job("job-c") is None
+    await a.update_job("job-a", {"id": "job-a", "state": "done"}, 30, finished=True)
+    assert await b.get_job("job-a") == {"id": "job-a", "state": "done"}  # kept for status reads
+    assert await b.claim_job(warm, "job-d", {"id": "job-d"}, 30) is None  # a later warm runs anew
+    other = '["model:acme/tiny","v1",null,null,null]'
+    assert await a.claim_job(other, "job-e", {"id": "job-e"}, 0.2) is None
+
+    async def lapsed() -> bool:  # its node stopped publishing: the claim lapses
+        return await b.claim_job(other, "job-f", {"id": "job-f"}, 30) is None
+
+    await eventually(lapsed)

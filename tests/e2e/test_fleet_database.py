@@ -9,6 +9,7 @@ of changes by LISTEN/NOTIFY. Upstream traffic is counted by the emulator (bodies
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import signal
 import threading
 import time
@@ -520,3 +521,28 @@ def _xet_rows(database: str) -> int:
     with psycopg.connect(database, autocommit=True) as conn:
         row = conn.execute("SELECT count(*) FROM hf_mirror_xet").fetchone()
     return int(row[0]) if row else 0
+
+
+def test_a_warm_asked_of_two_nodes_runs_once(upstream: EmulatorHandle, nodes: Fleet, database: str) -> None:
+    emu, fleet = upstream, nodes
+    a, b = start_fleet(fleet, emu, database, count=2)
+    emu.set_faults(throttle_bps=2 * 2**20)  # a warm of some seconds: the second ask comes while it runs
+    warm = {"repo": BIG[1], "type": "dataset"}
+    first = httpx.post(a.url + "/api/mirror/warm", json=warm, timeout=60)
+    assert first.status_code == 202, first.text
+    job = first.json()["id"]
+    second = httpx.post(b.url + "/api/mirror/warm", json=warm, timeout=60)
+    assert second.status_code == 202 and second.json()["id"] == job, (second.text, job)
+
+    def done() -> bool:  # B answers the status of A's job from the database
+        state = httpx.get(f"{b.url}/api/mirror/warm/{job}", timeout=30)
+        assert state.status_code == 200, state.text
+        return bool(state.json()["state"] == "done")
+
+    _wait_for(done, "the warm done, as B tells it", timeout=60)
+    emu.clear_faults()
+    assert emu.fetch_count(*BIG) == 1, emu.stats()["fetches"]
+    assert f"warm {job} done" in a.log()
+    assert not re.search(r"warm [0-9a-f]{16} (done|failed)", b.log()), b.log()[-2000:]  # B ran no warm
+    again = httpx.post(b.url + "/api/mirror/warm", json=warm, timeout=60)  # a later warm is a new job (a no-op)
+    assert again.status_code == 202 and again.json()["id"] != job
