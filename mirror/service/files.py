@@ -191,6 +191,8 @@ class FileService(ServiceCore):
                 and not self.fills.is_filling(entry.etag) and await self.store.stat(entry.etag) is None):
             # A new fill needs its lease from the fleet's database, which failed a moment ago: a clear 503 now,
             # rather than a response cut once the lease cannot be had.
+            log.warning("not filling %s %s: the fleet's metadata database is unreachable", resolved.repo.key,
+                        entry.path)
             raise MetadataUnavailable(f"{entry.path} is not cached and the fleet's metadata database is unreachable, "
                                       "so it cannot be fetched now; try again later")
         spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
@@ -228,6 +230,8 @@ class FileService(ServiceCore):
                 and not self.fills.is_filling(entry.etag) and await self.store.stat(entry.etag) is None):
             # A new fill needs its lease from the fleet's database, which failed a moment ago: a clear 503 now,
             # rather than a response cut once the lease cannot be had.
+            log.warning("not filling %s %s: the fleet's metadata database is unreachable", resolved.repo.key,
+                        entry.path)
             raise MetadataUnavailable(f"{entry.path} is not cached and the fleet's metadata database is unreachable, "
                                       "so it cannot be fetched now; try again later")
         spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
