@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import time
 from collections.abc import AsyncIterator
@@ -44,7 +45,7 @@ from mirror.upstream.viewer import ViewerUpstream
 from mirror.viewer.parquet_info import OfflineInfo
 from mirror.viewer.service import ViewerService
 from mirror.xet import CAS_PREFIX, XetSigner
-from mirror.xet.tokens import load_secret
+from mirror.xet.tokens import FLEET_SECRET, SECRET_BYTES, load_secret
 
 log = logging.getLogger("hf_mirror")
 # Operations routes that show repo names and traffic: in mirror-auth mode, for mirror-token holders only.
@@ -77,7 +78,8 @@ class Mirror:
         self.api = ApiHandler(self.service, metrics, max_paths_info=settings.max_paths_info,
                               max_relay_bytes=settings.max_api_body, body_timeout=settings.header_timeout)
         self.peer = PeerFillHandler(self.fills, metrics, chunk_size=settings.serve_chunk_size)
-        self.warm_jobs = WarmJobs(self.parts)  # warm on request, on the nightly sync's engine (mirror.sync.warm)
+        # Warm on request, on the nightly sync's engine (mirror.sync.warm); one job per warm across a fleet.
+        self.warm_jobs = WarmJobs(self.parts, fleet=self.parts.metadata if settings.metadata_url else None)
         self.warm = WarmHandler(self.warm_jobs, body_timeout=settings.header_timeout,
                                 confirm=self.service.confirm_content)
         # The dataset viewer's host and the Hub's parquet routes (issue 20): mirror.viewer.
@@ -88,9 +90,16 @@ class Mirror:
         # Xet through the mirror (issue 17, mirror.routes.xet): off, every Xet hint is stripped as before.
         self.xet_token: XetTokenRoute | None = None
         self.xet_cas: XetCas | None = None
+        self.xet_signer: XetSigner | None = None
         if settings.serve_xet:
             catalog = self.service.xet  # built with the service (mirror.parts)
-            signer = XetSigner(load_secret(settings.cache_dir, settings.xet_signing_secret))
+            metadata = self.parts.metadata
+            if settings.metadata_url and not settings.xet_signing_secret and metadata is not None:
+                # A fleet signs with one secret, generated once in its database: read at start (self.start).
+                signer = XetSigner(load=lambda: metadata.secret(FLEET_SECRET, os.urandom(SECRET_BYTES)))
+            else:
+                signer = XetSigner(load_secret(settings.cache_dir, settings.xet_signing_secret))
+            self.xet_signer = signer
             self.xet_token = XetTokenRoute(settings, self.service, catalog, signer, metrics)
             self.xet_cas = XetCas(settings, self.service, self.fills, catalog, signer, metrics,
                                   audited=settings.audit_log)  # a reconstruction is an Xet download's audit event
@@ -118,6 +127,8 @@ class Mirror:
 
     async def start(self) -> None:
         await self.parts.start()
+        if self.xet_signer is not None:
+            await self.xet_signer.open()  # the fleet's secret, once its database is open
         self.history.start()
         if self.audit_index is not None:
             self.audit_index.start()

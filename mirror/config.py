@@ -241,7 +241,8 @@ class Settings(BaseSettings):
     # client generation tested (huggingface_hub 2.x, 1.33, 0.36, each with its hf_xet) downloads through it (README).
     # Off: every Xet hint is stripped and clients download over plain HTTP. ``xet_token_ttl``: seconds a Xet token /
     # byte-range URL lives. ``xet_signing_secret``: the key Xet tokens are signed with; the same on every node of a
-    # fleet, so that any node accepts any node's tokens (unset: one generated per cache dir, in `xet-secret`).
+    # fleet, so that any node accepts any node's tokens (unset: with metadata_url, one generated once in the fleet's
+    # database; else one generated per cache dir, in `xet-secret`).
     serve_xet: Flag = True
     xet_token_ttl: float = 900.0
     xet_signing_secret: str | None = None

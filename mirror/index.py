@@ -12,6 +12,7 @@ Keys and what they mean:
     ("access", subject, kind, repo key)    -> (bool, time)    a token's (or "public") access, see mirror.access
     ("pin", type, repo)                    -> manifest name   repos that eviction must keep
     ("xet", type, repo, ...)               -> see mirror.xet.catalog: upstream's Xet hash of a file
+    ("secret", name)                       -> bytes           a secret generated once (mirror.metadata.embedded)
 
 diskcache's defaults (1 GiB size limit, least-recently-stored eviction) would silently drop entries: the index is
 opened with ``eviction_policy="none"`` and no size limit; blobs are evicted by ``mirror.cache``, never by diskcache.
@@ -232,6 +233,13 @@ class MetadataIndex:
 
     def put_xet(self, repo: RepoRef, parts: tuple[str, ...], value: Any) -> None:
         self._cache.set(_key("xet", repo.type.value, repo.repo_id, *parts), value)
+
+    # Secrets generated once (the embedded metadata store's; a fleet's are in its database) ------------------------
+    def setdefault_secret(self, name: str, candidate: bytes) -> bytes:
+        """The secret ``name``, ``candidate`` stored first when there is none (the first worker process wins)."""
+        key = _key("secret", name)
+        self._cache.add(key, candidate)
+        return bytes(self._cache.get(key))
 
     # The last usage snapshot of the cache (mirror/cache/usage.py): a restart answers from it at once.
     def get_usage(self) -> Any:

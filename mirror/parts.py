@@ -108,7 +108,8 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
         store, upstream, metrics, chunk_size=settings.fill_chunk_size, lease_ttl=lease_ttl,
         cancel_on_disconnect=settings.fill_on_disconnect == "cancel", node_url=settings.node_url, busy=busy,
     )
-    # The fleet's database behind this node's index (metadata_url): refs, files, access confirmations, pins.
+    # The fleet's database behind this node's index (metadata_url): refs, files, access confirmations, pins, API
+    # answers and listings, Xet hashes.
     shared = SharedMetadata(metadata, index) if settings.metadata_url else None
     access = AccessPolicy.from_settings(index, settings, shared)
     is_busy = _busy(store, fills)
@@ -124,7 +125,7 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     # The service's one core (its parts and shared state), and the sides composed over it.
     core = ServiceCore(settings, index, store, upstream, fills, access, metrics, make_room=cache.make_room,
                        on_hit=scrubber.suspect if settings.scrub_rate else None, admission=admission,
-                       xet=XetCatalog(index) if settings.serve_xet else None, shared=shared)
+                       xet=XetCatalog(index, shared) if settings.serve_xet else None, shared=shared)
     service = MirrorService(core)
     fills.on_commit.append(lambda spec: scrubber.verified(spec.etag))  # a fill verified it: no first-hit re-hash
     # The status page and /metrics count the new blob at once.

@@ -92,7 +92,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
         "for files over 50 GB; on by default); --no-serve-xet strips every Xet hint (plain HTTP only)")
     add("--xet-token-ttl", type=float, help="seconds a Xet token or byte-range URL of the mirror lives (default 900)")
     add("--xet-signing-secret", help="key (32+ characters) the mirror signs its Xet tokens with: the same on every "
-        "node of a fleet, so any node accepts any node's tokens (default: one generated in the cache dir)")
+        "node of a fleet, so any node accepts any node's tokens (default: one generated once in the fleet's "
+        "database with --metadata-url, else in the cache dir)")
     add("--workers", type=int, help="worker processes (default 1); they share one cache and one fill per file")
     add("--max-size", help="disk quota for blobs, e.g. 500G; least recently used unpinned blobs are evicted")
     add("--gc-interval", type=float, help="seconds between periodic passes that check the quota against what every "

@@ -8,6 +8,11 @@ Two implementations pass the one contract suite (``tests/contract/test_metadata_
   fleet. Leases are decided by the database's clock and carry a fencing epoch; changes are announced by
   ``LISTEN``/``NOTIFY``.
 
+Beside refs, files, access confirmations and pins, the fleet shares what upstream answered on the API routes (API JSON,
+tree listings, the route table's reads: :class:`AnswerRecord`), the Xet hashes upstream named (:class:`XetRecord`) and
+named secrets generated once for the fleet (the Xet signing key), and the warm jobs running (one per warm, whichever
+node is asked).
+
 A *fill lease* names the one process that downloads a blob. It has an ``epoch`` that grows at every grant to a new
 holder; only the holder of the current epoch may commit (:meth:`MetadataStore.fence`), so a holder that was frozen
 past its lease and resumes commits nothing.
@@ -26,10 +31,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from mirror.hf import RepoRef
-from mirror.index import FileEntry
+from mirror.index import ApiEntry, FileEntry
 from mirror.metadata.announce import Subscription
 from mirror.storage.base import BlobInfo, PeerAddress
 
@@ -45,6 +50,25 @@ class RefRecord:
 
     commit: str
     age: float
+
+
+@dataclass(frozen=True)
+class AnswerRecord:
+    """A stored upstream answer (its ``fetched_at`` is the storing node's) and its age by the store's clock."""
+
+    entry: ApiEntry
+    age: float
+
+
+@dataclass(frozen=True)
+class XetRecord:
+    """Upstream said ``path`` at ``commit`` is Xet file ``xet_hash``, whose LFS blob is ``etag`` (``size`` bytes)."""
+
+    commit: str
+    path: str
+    xet_hash: str
+    etag: str
+    size: int
 
 
 @dataclass(frozen=True)
@@ -100,6 +124,59 @@ class MetadataStore(Protocol):
         ...
 
     async def put_access(self, subject: str, kind: str, repo: RepoRef, allowed: bool) -> None:
+        ...
+
+    # --- upstream's answers: API JSON and listings per repo, the route table's reads per token digest ---------------
+
+    async def get_api(self, repo: RepoRef, revision: str | None, route: str, query: str) -> AnswerRecord | None:
+        """The answer stored under the index's API key (``mirror.index.api_route_key``, ``api_query_key``)."""
+        ...
+
+    async def put_api(self, repo: RepoRef, revision: str | None, route: str, query: str, entry: ApiEntry) -> None:
+        ...
+
+    async def get_read(self, path: str, subject: str, query: str) -> AnswerRecord | None:
+        """A route-table answer of no one repo, per ``subject``: the digest of the token sent upstream (never a
+        token), or ``anon``."""
+        ...
+
+    async def put_read(self, path: str, subject: str, query: str, entry: ApiEntry) -> None:
+        ...
+
+    # --- Xet hashes upstream named (mirror.xet.catalog) ---------------------------------------------------------------
+
+    async def get_xet_files(self, repo: RepoRef, commit: str, paths: list[str]) -> list[XetRecord]:
+        """The records of those of ``paths`` at ``commit`` upstream named a Xet hash for."""
+        ...
+
+    async def get_xet_by_hash(self, repo: RepoRef, xet_hash: str) -> XetRecord | None:
+        """A file of ``repo`` (never of another repo) upstream named ``xet_hash``."""
+        ...
+
+    async def put_xet_files(self, repo: RepoRef, records: list[XetRecord]) -> None:
+        ...
+
+    # --- secrets generated once -------------------------------------------------------------------------------------
+
+    async def secret(self, name: str, candidate: bytes) -> bytes:
+        """The secret ``name``: the one stored, else ``candidate``, stored now (the first of nodes racing wins; every
+        node gets the winner's)."""
+        ...
+
+    # --- warm jobs: one per warm across the fleet --------------------------------------------------------------------
+
+    async def claim_job(self, identity: str, job_id: str, state: dict[str, Any], ttl: float) -> dict[str, Any] | None:
+        """Claim the warm ``identity`` (what it warms, for whom: never a token) for job ``job_id`` for ``ttl``
+        seconds: None when it is ours now, else the state of the live job that holds it (another node's)."""
+        ...
+
+    async def update_job(self, job_id: str, state: dict[str, Any], ttl: float, *, finished: bool = False) -> None:
+        """The job's state, its claim extended by ``ttl`` seconds; ``finished``: the claim is given up (a later warm
+        runs anew), the state kept for status reads."""
+        ...
+
+    async def get_job(self, job_id: str) -> dict[str, Any] | None:
+        """The last state a job published (kept a day after it ended)."""
         ...
 
     # --- pins: repos gc never evicts --------------------------------------------------------------------------------

@@ -1,5 +1,9 @@
 """The embedded metadata store, the default: this node's index (refs, pins) and a lease table on local disk.
 
+One node shares nothing: the service, the access policy and the Xet catalog read the index themselves, and only a
+fleet's database (``metadata_url``) is asked behind it. The answers, Xet records and secrets here keep the contract
+(``tests/contract/test_metadata_contract.py``) on the index all the same.
+
 It wraps what a single node always had, so a node without ``--metadata-url`` behaves as before. Its leases are
 rows of a diskcache table under the cache directory (SQLite transactions make a grant atomic across the worker
 processes of one host, whose clock they share); its announcements reach this process's waiters only, which is all
@@ -15,19 +19,23 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import diskcache
 
 from mirror.errors import LeaseLost
 from mirror.hf import RepoRef
-from mirror.index import FileEntry, MetadataIndex
+from mirror.index import ApiEntry, FileEntry, MetadataIndex
 from mirror.metadata.announce import Announcements, Subscription
-from mirror.metadata.base import EVICTION_GRACE, HeldLease, LeaseRecord, RefRecord
+from mirror.metadata.base import EVICTION_GRACE, AnswerRecord, HeldLease, LeaseRecord, RefRecord, XetRecord
 from mirror.storage.base import BlobInfo, PeerAddress
 
 log = logging.getLogger("hf_mirror.metadata")
 
 _BUSY = ("busy",)  # the one row of every process's marks: node -> (etags, expires)
+
+JOB_KEEP = 86400.0  # seconds a finished warm job's state is kept for status reads
+_CLAIM, _JOB = "warm-claim\x1f", "warm-job\x1f"  # lease-table keys of warm jobs (an etag is hex)
 
 
 class EmbeddedMetadata:
@@ -74,6 +82,70 @@ class EmbeddedMetadata:
 
     async def put_access(self, subject: str, kind: str, repo: RepoRef, allowed: bool) -> None:
         self.index.put_access(subject, kind, repo, (allowed, time.time()))
+
+    # --- upstream's answers: the index's own ------------------------------------------------------------------------
+
+    async def get_api(self, repo: RepoRef, revision: str | None, route: str, query: str) -> AnswerRecord | None:
+        return _aged(self.index.get_api(repo, revision, route, query))
+
+    async def put_api(self, repo: RepoRef, revision: str | None, route: str, query: str, entry: ApiEntry) -> None:
+        self.index.put_api(repo, revision, route, query, entry)
+
+    async def get_read(self, path: str, subject: str, query: str) -> AnswerRecord | None:
+        return _aged(self.index.get_read(path, subject, query))
+
+    async def put_read(self, path: str, subject: str, query: str, entry: ApiEntry) -> None:
+        self.index.put_read(path, subject, query, entry)
+
+    # --- Xet records: keys of their own under the repo's ("xet", ...) (the catalog's are mirror.xet.catalog's) ------
+
+    async def get_xet_files(self, repo: RepoRef, commit: str, paths: list[str]) -> list[XetRecord]:
+        found = (self.index.get_xet(repo, ("record", commit, path)) for path in paths)
+        return [record for record in found if isinstance(record, XetRecord)]
+
+    async def get_xet_by_hash(self, repo: RepoRef, xet_hash: str) -> XetRecord | None:
+        record = self.index.get_xet(repo, ("record-hash", xet_hash))
+        return record if isinstance(record, XetRecord) else None
+
+    async def put_xet_files(self, repo: RepoRef, records: list[XetRecord]) -> None:
+        for record in records:
+            self.index.put_xet(repo, ("record", record.commit, record.path), record)
+            self.index.put_xet(repo, ("record-hash", record.xet_hash), record)
+
+    async def secret(self, name: str, candidate: bytes) -> bytes:
+        return self.index.setdefault_secret(name, candidate)
+
+    # --- warm jobs: rows of the lease table, under keys no etag has (the host's worker processes share them) -------
+
+    async def claim_job(self, identity: str, job_id: str, state: dict[str, Any], ttl: float) -> dict[str, Any] | None:
+        table = self._table()
+        with table.transact():
+            now = time.time()
+            claim = table.get(_CLAIM + identity)
+            if claim is not None and claim[0] != job_id and claim[1] > now:
+                held = table.get(_JOB + claim[0])
+                if held is not None:
+                    return dict(held)
+            table.set(_CLAIM + identity, (job_id, now + ttl))
+            table.set(_JOB + job_id, dict(state), expire=JOB_KEEP, tag=identity)
+        return None
+
+    async def update_job(self, job_id: str, state: dict[str, Any], ttl: float, *, finished: bool = False) -> None:
+        table = self._table()
+        with table.transact():
+            identity = table.get(_JOB + job_id, tag=True)[1]
+            table.set(_JOB + job_id, dict(state), expire=JOB_KEEP, tag=identity)
+            if identity is not None:
+                claim = table.get(_CLAIM + identity)
+                if claim is not None and claim[0] == job_id:
+                    if finished:
+                        table.delete(_CLAIM + identity)
+                    else:
+                        table.set(_CLAIM + identity, (job_id, time.time() + ttl))
+
+    async def get_job(self, job_id: str) -> dict[str, Any] | None:
+        found = self._table().get(_JOB + job_id)
+        return None if found is None else dict(found)
 
     # --- pins -------------------------------------------------------------------------------------------------------
 
@@ -225,6 +297,10 @@ class EmbeddedMetadata:
 def _evicting(record: tuple[str, str, float] | None, now: float) -> bool:
     """An eviction decided and still under way (not finished, not void)."""
     return record is not None and record[1] == "evicting" and now - record[2] < EVICTION_GRACE
+
+
+def _aged(entry: ApiEntry | None) -> AnswerRecord | None:
+    return None if entry is None else AnswerRecord(entry, max(time.time() - entry.fetched_at, 0.0))
 
 
 def _peer(peer: PeerAddress | None) -> tuple[str | None, str | None]:

@@ -17,6 +17,11 @@
   that no pin, mark, lease or other eviction holds, and records them as under way. A node publishing a mark either
   commits before (the decision sees it) or after (then its next statement sees the record). The deletes done,
   ``NOTIFY hf_mirror_evictions, '<etag>'`` tells every node to drop its copy.
+- *Upstream's answers* (API JSON, listings, the route table's reads) are rows keyed by the index's own key, with an
+  expiry (:data:`ANSWER_KEEP`, :data:`IMMUTABLE_KEEP`): anyone can make a node ask for any listing, so the table is
+  culled of expired rows, a batch at a time, by the nodes that write to it.
+- *Reads a node can do without* (it asks upstream instead) wait at most :attr:`read_timeout` for a connection: a
+  database that went away costs a request that long, not the pool's full connect timeout.
 - *Migrations* are numbered SQL scripts applied at start, in one transaction under an advisory lock, so nodes
   starting together apply each once.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
@@ -33,13 +39,14 @@ from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
 import psycopg
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from mirror.errors import LeaseLost, MetadataUnavailable, redact_url
 from mirror.hf import RepoRef
-from mirror.index import FileEntry
+from mirror.index import ApiEntry, FileEntry
 from mirror.metadata.announce import Announcements, Subscription
-from mirror.metadata.base import EVICTION_GRACE, HeldLease, LeaseRecord, RefRecord
+from mirror.metadata.base import EVICTION_GRACE, AnswerRecord, HeldLease, LeaseRecord, RefRecord, XetRecord
 from mirror.storage.base import BlobInfo, PeerAddress
 
 log = logging.getLogger("hf_mirror.metadata")
@@ -49,6 +56,11 @@ EVICTIONS = "hf_mirror_evictions"  # NOTIFY payload: an etag evicted from the sh
 _BUSY_STALE = 3600.0  # a mark expired this long ago (its node died) is deleted at the next decision
 _DONE_KEPT = 86400.0  # finished evictions are remembered this long (a node that lost its channel catches up)
 _MIGRATION_LOCK = 0x6866_6D69  # pg_advisory_xact_lock key: "hfmi"
+ANSWER_KEEP = 86400.0  # seconds a branch's answer (or a route-table read) is kept: served fresh within the ttl only
+IMMUTABLE_KEEP = 30 * 86400.0  # seconds an answer at a commit is kept (it never changes; it is only asked again)
+JOB_KEEP = 86400.0  # seconds a warm job's state is kept after its last update
+_CULL_EVERY = 256  # a node culls expired answers after this many of its writes
+_CULL_BATCH = 1000  # rows one cull deletes at most (a short statement, whatever the backlog)
 
 # Append only: a script, once released, is never edited (nodes record the versions they applied).
 MIGRATIONS: tuple[str, ...] = (
@@ -117,6 +129,43 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX hf_mirror_evictions_finished ON hf_mirror_evictions (finished_at) WHERE state = 'done';
     CREATE INDEX hf_mirror_files_by_etag ON hf_mirror_files (etag);
     """,
+    """
+    CREATE TABLE hf_mirror_answers (
+        key         text PRIMARY KEY,       -- JSON of the index key's parts (api or read)
+        repo        text,                   -- the repo an API answer is of; NULL for a route-table read
+        status      integer NOT NULL,
+        headers     jsonb NOT NULL,         -- [[name, value], ...] in upstream's order
+        body        bytea NOT NULL,
+        immutable   boolean NOT NULL,       -- at a commit: fresh forever
+        fetched_at  timestamptz NOT NULL,
+        expires     timestamptz NOT NULL
+    );
+    CREATE INDEX hf_mirror_answers_by_expiry ON hf_mirror_answers (expires);
+    CREATE TABLE hf_mirror_xet (
+        repo        text NOT NULL,
+        commit      text NOT NULL,
+        path        text NOT NULL,
+        xet_hash    text NOT NULL,
+        etag        text NOT NULL,          -- the LFS sha256 the mirror verifies
+        size        bigint NOT NULL,
+        PRIMARY KEY (repo, commit, path)
+    );
+    CREATE INDEX hf_mirror_xet_by_hash ON hf_mirror_xet (repo, xet_hash);
+    CREATE TABLE hf_mirror_secrets (
+        name        text PRIMARY KEY,
+        value       bytea NOT NULL,
+        created_at  timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE hf_mirror_warm_jobs (
+        id          text PRIMARY KEY,
+        identity    text NOT NULL,          -- what it warms and for whom (a token's digest, never a token)
+        state       jsonb NOT NULL,         -- the job's status JSON, as GET /api/mirror/warm/{id} answers it
+        active      boolean NOT NULL,       -- holds the identity's claim (one live job per warm)
+        expires     timestamptz NOT NULL,   -- the claim's end, extended while the job runs
+        kept_until  timestamptz NOT NULL
+    );
+    CREATE UNIQUE INDEX hf_mirror_warm_jobs_claim ON hf_mirror_warm_jobs (identity) WHERE active;
+    """,
 )
 
 _P = ParamSpec("_P")
@@ -138,8 +187,10 @@ def database_errors(func: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable
 
 class PostgresMetadata:
     def __init__(self, url: str, *, pool_size: int = 8, connect_timeout: float = 10.0,
-                 fence_timeout: float = 30.0) -> None:
+                 fence_timeout: float = 30.0, read_timeout: float = 2.0) -> None:
         self.url = url
+        self.read_timeout = read_timeout
+        self._writes = 0  # answers written by this process (a cull every _CULL_EVERY)
         self.pool_size = pool_size
         self.connect_timeout = connect_timeout
         self.fence_timeout = fence_timeout
@@ -198,6 +249,10 @@ class PostgresMetadata:
         if self._pool is None:
             raise MetadataUnavailable("the metadata store is not open")
         return self._pool
+
+    def _reading(self) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        """A connection for a read the node can do without: a short wait for it (see the module's notes)."""
+        return self.pool.connection(timeout=self.read_timeout)
 
     @database_errors
     async def _migrate(self) -> None:
@@ -262,7 +317,7 @@ class PostgresMetadata:
 
     @database_errors
     async def get_ref(self, repo: RepoRef, revision: str) -> RefRecord | None:
-        async with self.pool.connection() as conn:
+        async with self._reading() as conn:
             row = await (await conn.execute(
                 "SELECT commit, greatest(extract(epoch FROM now() - fetched_at), 0) FROM hf_mirror_refs "
                 "WHERE repo = %s AND revision = %s", (repo.key, revision))).fetchone()
@@ -280,7 +335,7 @@ class PostgresMetadata:
 
     @database_errors
     async def get_file(self, repo: RepoRef, commit: str, path: str) -> FileEntry | None:
-        async with self.pool.connection() as conn:
+        async with self._reading() as conn:
             row = await (await conn.execute(
                 "SELECT etag, size, lfs, missing FROM hf_mirror_files WHERE repo = %s AND commit = %s AND path = %s",
                 (repo.key, commit, path))).fetchone()
@@ -299,7 +354,7 @@ class PostgresMetadata:
 
     @database_errors
     async def get_access(self, subject: str, kind: str, repo: RepoRef) -> tuple[bool, float] | None:
-        async with self.pool.connection() as conn:
+        async with self._reading() as conn:
             row = await (await conn.execute(
                 "SELECT allowed, greatest(extract(epoch FROM now() - confirmed_at), 0) FROM hf_mirror_access "
                 "WHERE subject = %s AND kind = %s AND repo = %s", (subject, kind, repo.key))).fetchone()
@@ -312,6 +367,135 @@ class PostgresMetadata:
                 "INSERT INTO hf_mirror_access (subject, kind, repo, allowed, confirmed_at) "
                 "VALUES (%s, %s, %s, %s, now()) ON CONFLICT (subject, kind, repo) DO UPDATE SET "
                 "allowed = EXCLUDED.allowed, confirmed_at = EXCLUDED.confirmed_at", (subject, kind, repo.key, allowed))
+
+    # --- upstream's answers ----------------------------------------------------------------------------------------
+
+    @database_errors
+    async def get_api(self, repo: RepoRef, revision: str | None, route: str, query: str) -> AnswerRecord | None:
+        return await self._get_answer(_api_key(repo, revision, route, query))
+
+    @database_errors
+    async def put_api(self, repo: RepoRef, revision: str | None, route: str, query: str, entry: ApiEntry) -> None:
+        await self._put_answer(_api_key(repo, revision, route, query), repo.key, entry)
+
+    @database_errors
+    async def get_read(self, path: str, subject: str, query: str) -> AnswerRecord | None:
+        return await self._get_answer(_read_key(path, subject, query))
+
+    @database_errors
+    async def put_read(self, path: str, subject: str, query: str, entry: ApiEntry) -> None:
+        await self._put_answer(_read_key(path, subject, query), None, entry)
+
+    async def _get_answer(self, key: str) -> AnswerRecord | None:
+        async with self._reading() as conn:
+            row = await (await conn.execute(
+                "SELECT status, headers, body, immutable, greatest(extract(epoch FROM now() - fetched_at), 0) "
+                "FROM hf_mirror_answers WHERE key = %s AND expires > now()", (key,))).fetchone()
+        if row is None:
+            return None
+        status, headers, body, immutable, age = row
+        pairs = tuple((str(name), str(value)) for name, value in headers)
+        entry = ApiEntry(int(status), pairs, bytes(body), 0.0, immutable=bool(immutable))
+        return AnswerRecord(entry, float(age))
+
+    async def _put_answer(self, key: str, repo: str | None, entry: ApiEntry) -> None:
+        keep = IMMUTABLE_KEEP if entry.immutable else ANSWER_KEEP
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO hf_mirror_answers (key, repo, status, headers, body, immutable, fetched_at, expires) "
+                "VALUES (%s, %s, %s, %s, %s, %s, now(), now() + make_interval(secs => %s)) ON CONFLICT (key) DO UPDATE "
+                "SET status = EXCLUDED.status, headers = EXCLUDED.headers, body = EXCLUDED.body, "
+                "immutable = EXCLUDED.immutable, fetched_at = EXCLUDED.fetched_at, expires = EXCLUDED.expires",
+                (key, repo, entry.status, Jsonb([list(pair) for pair in entry.headers]), entry.body, entry.immutable,
+                 keep))
+            self._writes += 1
+            if self._writes % _CULL_EVERY == 0:
+                await conn.execute(
+                    "DELETE FROM hf_mirror_answers WHERE key IN "
+                    "(SELECT key FROM hf_mirror_answers WHERE expires <= now() LIMIT %s)", (_CULL_BATCH,))
+
+    # --- Xet records ------------------------------------------------------------------------------------------------
+
+    @database_errors
+    async def get_xet_files(self, repo: RepoRef, commit: str, paths: list[str]) -> list[XetRecord]:
+        if not paths:
+            return []
+        async with self._reading() as conn:
+            rows = await (await conn.execute(
+                "SELECT commit, path, xet_hash, etag, size FROM hf_mirror_xet "
+                "WHERE repo = %s AND commit = %s AND path = ANY(%s)", (repo.key, commit, list(paths)))).fetchall()
+        return [XetRecord(str(c), str(p), str(h), str(e), int(n)) for c, p, h, e, n in rows]
+
+    @database_errors
+    async def get_xet_by_hash(self, repo: RepoRef, xet_hash: str) -> XetRecord | None:
+        async with self._reading() as conn:
+            row = await (await conn.execute(
+                "SELECT commit, path, xet_hash, etag, size FROM hf_mirror_xet WHERE repo = %s AND xet_hash = %s "
+                "LIMIT 1", (repo.key, xet_hash))).fetchone()
+        return None if row is None else XetRecord(str(row[0]), str(row[1]), str(row[2]), str(row[3]), int(row[4]))
+
+    @database_errors
+    async def put_xet_files(self, repo: RepoRef, records: list[XetRecord]) -> None:
+        if not records:
+            return
+        async with self.pool.connection() as conn:
+            await conn.execute(  # one statement for a whole listing page
+                "INSERT INTO hf_mirror_xet (repo, commit, path, xet_hash, etag, size) "
+                "SELECT %s, * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[]) "
+                "ON CONFLICT (repo, commit, path) DO UPDATE SET xet_hash = EXCLUDED.xet_hash, etag = EXCLUDED.etag, "
+                "size = EXCLUDED.size",
+                (repo.key, [r.commit for r in records], [r.path for r in records], [r.xet_hash for r in records],
+                 [r.etag for r in records], [r.size for r in records]))
+
+    # --- secrets ----------------------------------------------------------------------------------------------------
+
+    @database_errors
+    async def secret(self, name: str, candidate: bytes) -> bytes:
+        async with self.pool.connection() as conn:
+            await conn.execute("INSERT INTO hf_mirror_secrets (name, value) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                               (name, candidate))
+            row = await (await conn.execute("SELECT value FROM hf_mirror_secrets WHERE name = %s",
+                                            (name,))).fetchone()
+        if row is None:
+            raise MetadataUnavailable(f"the secret {name} was not stored")
+        return bytes(row[0])
+
+    # --- warm jobs ---------------------------------------------------------------------------------------------------
+
+    @database_errors
+    async def claim_job(self, identity: str, job_id: str, state: dict[str, Any], ttl: float) -> dict[str, Any] | None:
+        async with self.pool.connection() as conn, conn.transaction():
+            # A claim whose job stopped publishing (its node died) is given up first.
+            await conn.execute("UPDATE hf_mirror_warm_jobs SET active = false "
+                               "WHERE identity = %s AND active AND expires <= now()", (identity,))
+            row = await (await conn.execute(
+                "INSERT INTO hf_mirror_warm_jobs (id, identity, state, active, expires, kept_until) "
+                "VALUES (%s, %s, %s, true, now() + make_interval(secs => %s), now() + make_interval(secs => %s)) "
+                "ON CONFLICT (identity) WHERE active DO NOTHING RETURNING id",
+                (job_id, identity, Jsonb(state), ttl, JOB_KEEP))).fetchone()
+            if row is not None:
+                return None
+            held = await (await conn.execute(
+                "SELECT state FROM hf_mirror_warm_jobs WHERE identity = %s AND active", (identity,))).fetchone()
+        return dict(held[0]) if held is not None else None
+
+    @database_errors
+    async def update_job(self, job_id: str, state: dict[str, Any], ttl: float, *, finished: bool = False) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "UPDATE hf_mirror_warm_jobs SET state = %s, active = active AND NOT %s, "
+                "expires = now() + make_interval(secs => %s), kept_until = now() + make_interval(secs => %s) "
+                "WHERE id = %s", (Jsonb(state), finished, ttl, JOB_KEEP, job_id))
+            self._writes += 1
+            if self._writes % _CULL_EVERY == 0:
+                await conn.execute("DELETE FROM hf_mirror_warm_jobs WHERE NOT active AND kept_until <= now()")
+
+    @database_errors
+    async def get_job(self, job_id: str) -> dict[str, Any] | None:
+        async with self._reading() as conn:
+            row = await (await conn.execute(
+                "SELECT state FROM hf_mirror_warm_jobs WHERE id = %s AND kept_until > now()", (job_id,))).fetchone()
+        return None if row is None else dict(row[0])
 
     # --- pins -------------------------------------------------------------------------------------------------------
 
@@ -543,3 +727,12 @@ class PostgresMetadata:
 
     def on_evicted(self, callback: Callable[[str], None]) -> None:
         self._evicted.append(callback)
+
+
+def _api_key(repo: RepoRef, revision: str | None, route: str, query: str) -> str:
+    """The index's API key, as JSON (unambiguous whatever a path or query holds)."""
+    return json.dumps(["api", repo.type.value, repo.repo_id, revision, route, query], separators=(",", ":"))
+
+
+def _read_key(path: str, subject: str, query: str) -> str:
+    return json.dumps(["read", path, subject, query], separators=(",", ":"))

@@ -66,7 +66,7 @@ class WarmHandler:
                 await _send_json(send, 200 if readiness.ready else 503, readiness.as_json(),
                                  head=scope["method"] == "HEAD")
                 return "ready" if readiness.ready else "not-ready"
-            job = self.jobs.get(path.rsplit("/", 1)[-1])
+            job = await self.jobs.find(path.rsplit("/", 1)[-1])  # this node's, or the fleet's
             if job is None or not (operator or await self._may_read(job.request.repo, job.commit, authorize)):
                 raise RouteNotFound(_UNKNOWN_JOB)
             await _send_json(send, 200, job.as_json(), head=scope["method"] == "HEAD")

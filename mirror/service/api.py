@@ -32,7 +32,7 @@ class ApiService:
         self.core = core  # the shared state (refs remembered) and the rules both sides apply
         # The parts the methods ask, as the core holds them (references, never replaced).
         self.settings, self.index, self.upstream = core.settings, core.index, core.upstream
-        self.access, self.metrics, self.xet = core.access, core.metrics, core.xet
+        self.access, self.metrics, self.xet, self.shared = core.access, core.metrics, core.xet, core.shared
 
     async def api(self, target: hf.ApiTarget, method: str, raw_path: str, query: list[tuple[str, str]],
                   form: list[tuple[str, str]] | None, caller: Caller) -> ApiResult:
@@ -61,6 +61,21 @@ class ApiService:
             return ApiResult(cached.status, cached.headers, cached.body, _HIT)
         if self.settings.offline:
             raise OfflineMiss(f"{raw_path} is not cached and the mirror is offline")
+        if self.shared is not None and not fresh:
+            # Another node's answer within the ttl (or at a commit) is this node's too, kept in its index.
+            fleet = await self.shared.api(target.repo, key_rev, key_route, key_query)
+            if fleet is not None and (cached is None or fleet.fetched_at > cached.fetched_at):
+                cached = fleet  # the stale fallback too
+                if fleet.immutable or time.time() - fleet.fetched_at < self.settings.revision_ttl:
+                    await self.check_meta_access(target, caller, fleet)
+                    self.index.put_api(target.repo, key_rev, key_route, key_query, fleet)
+                    if revision and route == "revision":
+                        _learn_revision(self, target, revision, fleet)
+                    if self.xet is not None and route in ("tree", "paths-info") and revision:
+                        at = revision if immutable else commit or await self.core.fleet_commit(target.repo, revision)
+                        if at is not None:
+                            await _recall_xet(self, target, at, fleet)
+                    return ApiResult(fleet.status, fleet.headers, fleet.body, _HIT)
         if commit is None and revision and route in ("tree", "paths-info") and self.xet is not None:
             try:
                 commit = await self._listing_commit(target, caller)
@@ -99,6 +114,8 @@ class ApiService:
             headers += (("link", link),)  # rewritten per request (the mirror's own address), see routes.api
         entry = ApiEntry(response.status_code, headers, body, time.time(), immutable=immutable)
         self.index.put_api(target.repo, key_rev, key_route, key_query, entry)
+        if self.shared is not None:
+            self.shared.share_api(target.repo, key_rev, key_route, key_query, entry)
         self.access.record_public(target.repo, "meta", caller.token)
         self.access.record_allowed(target.repo, "meta", caller.token)
         return ApiResult(entry.status, entry.headers, entry.body, _MISS)
@@ -154,6 +171,25 @@ class ApiService:
         token = caller.token if caller.own_token else None
         async with self.upstream.relay(raw_path + (f"?{urlencode(query)}" if query else ""), token) as body:
             yield body
+
+
+def _learn_revision(service: ApiService, target: hf.ApiTarget, revision: str, entry: ApiEntry) -> None:
+    """A revision's info another node fetched names its commit: the ref, as old as that answer (never fresher)."""
+    try:
+        sha = str(json.loads(entry.body).get("sha", ""))
+    except (ValueError, AttributeError):
+        return
+    if revision != sha and hf.is_commit(sha):
+        service.index.put_ref_at(target.repo, revision, sha, entry.fetched_at)
+
+
+async def _recall_xet(service: ApiService, target: hf.ApiTarget, commit: str, entry: ApiEntry) -> None:
+    """The Xet hashes of a listing another node fetched (the stored body is Xet-stripped): from the fleet."""
+    try:
+        data = json.loads(entry.body)
+    except ValueError:
+        return
+    await service.xet.recall_listing(target.repo, commit, data)
 
 
 def _rewrite_json(body: bytes, route: str, target: hf.ApiTarget, revision: str | None, commit: str | None,

@@ -17,7 +17,15 @@ from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 
 from mirror import hf
 from mirror.access import Caller, token_digest
-from mirror.errors import EntryNotFound, ErrorCode, HubError, MirrorError, OfflineMiss, UpstreamUnavailable
+from mirror.errors import (
+    EntryNotFound,
+    ErrorCode,
+    HubError,
+    MetadataUnavailable,
+    MirrorError,
+    OfflineMiss,
+    UpstreamUnavailable,
+)
 from mirror.fill import FillSpec
 from mirror.index import FileEntry, blob_key
 from mirror.metrics import Outcome
@@ -58,8 +66,10 @@ class FileService:
         repo, revision, path = target.repo, target.revision, target.path
         commit = self.core.known_commit(repo, revision, fresh=True) or await self.core.fleet_commit(repo, revision)
         if commit is not None:
-            entry = (self.index.get_file(repo, commit, path) or entry_from_listing(self.index, repo, commit, path)
-                     or await self.core.fleet_file(repo, commit, path))
+            entry = self.index.get_file(repo, commit, path) or entry_from_listing(self.index, repo, commit, path)
+            if entry is None and (entry := await self.core.fleet_file(repo, commit, path)) is not None:
+                if self.xet is not None and entry.lfs:  # its Xet hash, if the node that asked upstream learnt one
+                    await self.xet.recall(repo, commit, [path])
             if entry is not None:
                 if not self.access.is_public(repo, "content"):  # a public repo's hit makes no coroutine for it
                     await self._check_content_access(repo, revision, path, caller)
@@ -189,6 +199,14 @@ class FileService:
             return str(path)
         if self.settings.offline and await self.store.stat(entry.etag) is None:
             raise OfflineMiss(f"{entry.path} is not cached and the mirror is offline")
+        if (self.shared is not None and self.shared.down and self.settings.storage == "s3"
+                and not self.fills.is_filling(entry.etag) and await self.store.stat(entry.etag) is None):
+            # A new fill needs its lease from the fleet's database, which failed a moment ago: a clear 503 now,
+            # rather than a response cut once the lease cannot be had.
+            log.warning("not filling %s %s: the fleet's metadata database is unreachable", resolved.repo.key,
+                        entry.path)
+            raise MetadataUnavailable(f"{entry.path} is not cached and the fleet's metadata database is unreachable, "
+                                      "so it cannot be fetched now; try again later")
         spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
                         token=self.fill_token(resolved, caller), cdn_url=resolved.cdn_url, detached=True)
         return str(await self.fills.fetch(spec))
@@ -222,6 +240,14 @@ class FileService:
             return Cached(str(path), _STALE if stale else _HIT)
         if self.settings.offline and await self.store.stat(entry.etag) is None:
             raise OfflineMiss(f"{entry.path} is not cached and the mirror is offline")
+        if (self.shared is not None and self.shared.down and self.settings.storage == "s3"
+                and not self.fills.is_filling(entry.etag) and await self.store.stat(entry.etag) is None):
+            # A new fill needs its lease from the fleet's database, which failed a moment ago: a clear 503 now,
+            # rather than a response cut once the lease cannot be had.
+            log.warning("not filling %s %s: the fleet's metadata database is unreachable", resolved.repo.key,
+                        entry.path)
+            raise MetadataUnavailable(f"{entry.path} is not cached and the fleet's metadata database is unreachable, "
+                                      "so it cannot be fetched now; try again later")
         spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
                         token=self.fill_token(resolved, caller),
                         cdn_url=resolved.cdn_url, detached=detached)

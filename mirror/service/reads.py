@@ -37,7 +37,7 @@ class ReadService:
         self.api_service = api_service
         # The parts the methods ask, as the core holds them (references, never replaced).
         self.settings, self.index, self.upstream = core.settings, core.index, core.upstream
-        self.access, self.metrics = core.access, core.metrics
+        self.access, self.metrics, self.shared = core.access, core.metrics, core.shared
 
     def read_query(self, route: ReadRoute, query: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """The query parameters the route reads; the rest never leaves the mirror."""
@@ -72,6 +72,19 @@ class ReadService:
             if cached is not None:
                 return await self._stale_read(by_repo, caller, cached, OfflineMiss("offline"))
             raise OfflineMiss(f"{path[:200]} is not cached and the mirror is offline")
+        if self.shared is not None and not revalidate:
+            # Another node's answer within the ttl is this node's too, kept in its index.
+            fleet = (await self.shared.api(by_repo.repo, None, key_route, key_query) if by_repo is not None
+                     else await self.shared.read(path, digest, key_query))
+            if fleet is not None and (cached is None or fleet.fetched_at > cached.fetched_at):
+                cached = fleet  # the stale fallback too
+                if time.time() - fleet.fetched_at < ttl:
+                    if by_repo is not None:
+                        await self.api_service.check_meta_access(by_repo, caller, fleet)
+                        self.index.put_api(by_repo.repo, None, key_route, key_query, fleet, expire=READ_KEEP)
+                    else:
+                        self.index.put_read(path, digest, key_query, fleet)
+                    return ApiResult(fleet.status, fleet.headers, fleet.body, Outcome.HIT)
         try:
             response = await self.upstream.api("GET", path + (f"?{urlencode(query)}" if query else ""), caller.token,
                                                guard=caller.check)
@@ -94,8 +107,12 @@ class ReadService:
             self.index.put_api(by_repo.repo, None, key_route, key_query, entry, expire=READ_KEEP)
             self.access.record_public(by_repo.repo, "meta", caller.token)
             self.access.record_allowed(by_repo.repo, "meta", caller.token)
+            if self.shared is not None:
+                self.shared.share_api(by_repo.repo, None, key_route, key_query, entry)
         else:
             self.index.put_read(path, digest, key_query, entry)
+            if self.shared is not None:
+                self.shared.share_read(path, digest, key_query, entry)
         return ApiResult(entry.status, entry.headers, entry.body, Outcome.MISS)
 
     async def _stale_read(self, target: hf.ApiTarget | None, caller: Caller, cached: ApiEntry | None,

@@ -10,11 +10,18 @@ Bounded, so that one caller cannot stall every other (issue 23): identical warms
 running; at most ``warm_jobs`` jobs run at once and ``warm_queue`` more wait (beyond: 503); each caller has a rate
 (``warm_rate`` a minute, beyond: 429); a warm selecting more than ``warm_max_bytes`` needs an operator (413); finished
 jobs are remembered, with their errors, in bounded memory.
+
+In a fleet (``metadata_url``) a warm runs once whichever nodes are asked: the node that admits it first claims it in
+the database and publishes its state there while it runs (every :data:`_PUBLISH_EVERY` seconds; a claim whose node
+stops publishing lapses after :data:`_CLAIM_TTL`); a node asked the same warm meanwhile answers with that job
+(:class:`FleetJob`), and any node answers its status. The database down, a node runs its warms itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
 import time
@@ -28,6 +35,7 @@ from mirror.access import Caller, token_digest
 from mirror.config import format_size
 from mirror.errors import MirrorError, RetryLater, TooLarge
 from mirror.hubjson import tree_files
+from mirror.metadata.base import MetadataStore
 from mirror.sync.backend import CacheParts
 from mirror.sync.cache_dir_backend import CacheDirBackend
 from mirror.sync.jobs import RevisionJob, error_text
@@ -42,6 +50,8 @@ _KEPT_ERRORS = 20  # errors a job lists (a repo of 10,000 failing files must not
 _CALLERS = 10_000  # callers whose rate is remembered; the least recently seen is forgotten (a full allowance again)
 _QUEUE_RETRY_AFTER = 10.0  # seconds a 503 of a full queue asks the caller to wait
 _MISSING_LISTED = 100  # paths a 503 of /ready names (with the count of all)
+_PUBLISH_EVERY = 2.0  # seconds between a fleet job's state updates in the database
+_CLAIM_TTL = 30.0  # seconds a fleet job's claim outlives its last update (its node died: another may run the warm)
 
 
 @dataclass(frozen=True)
@@ -134,6 +144,31 @@ class WarmJob:
 
 
 @dataclass(frozen=True)
+class FleetJob:
+    """A warm job another node of the fleet runs, as it last published it."""
+
+    id: str
+    request: WarmRequest
+    commit: str
+    data: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FleetJob | None:
+        try:
+            repo = hf.RepoRef(hf.RepoType(data["type"]), str(data["repo"]))
+            return cls(str(data["id"]), WarmRequest(repo, str(data["revision"])), str(data["commit"]), data)
+        except (KeyError, ValueError, TypeError):
+            return None
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(self.data)
+
+    @property
+    def finished(self) -> bool:
+        return self.data.get("state") in ("done", "failed")
+
+
+@dataclass(frozen=True)
 class Readiness:
     ready: bool
     commit: str
@@ -192,9 +227,10 @@ _Identity = tuple[WarmRequest, str | None]  # what a job warms, and for which to
 
 
 class WarmJobs:
-    def __init__(self, parts: CacheParts, *, concurrency: int = 4) -> None:
+    def __init__(self, parts: CacheParts, *, concurrency: int = 4, fleet: MetadataStore | None = None) -> None:
         settings = parts.settings
         self.parts = parts
+        self.fleet = fleet  # the fleet's database (metadata_url): one job per warm across the nodes
         self.concurrency = concurrency  # fills one job runs at once
         self.running = settings.warm_jobs
         self.queue = settings.warm_queue
@@ -202,13 +238,13 @@ class WarmJobs:
         self.rate = CallerRate(settings.warm_rate)
         self._jobs: OrderedDict[str, WarmJob] = OrderedDict()
         self._active: dict[_Identity, WarmJob] = {}  # queued or running, by what they warm: identical warms share
-        self._admitting: dict[_Identity, asyncio.Future[WarmJob]] = {}  # being resolved and sized for a POST now
+        self._admitting: dict[_Identity, asyncio.Future[WarmJob | FleetJob]] = {}  # being admitted for a POST now
         self._slots = asyncio.Semaphore(self.running)  # jobs running
         self._admit_slots = asyncio.Semaphore(self.running)  # admissions resolving and listing at once
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def submit(self, request: WarmRequest, caller: Caller, *, who: str = "", operator: bool = False
-                     ) -> WarmJob:
+                     ) -> WarmJob | FleetJob:
         """The job warming ``request`` for ``caller``: the one already queued or running for the same request (and
         token, unless the content is public), else a new one once the revision is resolved and the selection sized
         (errors are the caller's: 404, 401, 413...). ``who``: the caller as the rate counts it (its token's digest,
@@ -227,11 +263,12 @@ class WarmJobs:
         if len(self._active) + len(self._admitting) >= self.running + self.queue:  # an admission counts as a job
             raise RetryLater(f"the warm queue is full ({self.running} running, {self.queue} waiting); try again later",
                              retry_after=_QUEUE_RETRY_AFTER, status=503, code="WarmQueueFull", policy="warm-queue")
-        future: asyncio.Future[WarmJob] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[WarmJob | FleetJob] = asyncio.get_running_loop().create_future()
         self._admitting[identity] = future
         try:
             async with self._admit_slots:
                 job, backend = await self._admit(request, caller, operator)
+            held = await self._claim(identity, job)
         except Exception as exc:
             future.set_exception(exc)
             future.exception()  # retrieved: those waiting on it raise it themselves
@@ -241,6 +278,9 @@ class WarmJobs:
             raise
         finally:
             del self._admitting[identity]
+        if held is not None:  # another node runs this warm: its job is the answer
+            future.set_result(held)
+            return held
         future.set_result(job)
         self._jobs[job.id] = job
         self._active[identity] = job
@@ -249,6 +289,42 @@ class WarmJobs:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return job
+
+    async def _claim(self, identity: _Identity, job: WarmJob) -> FleetJob | None:
+        """The fleet's live job of this warm (another node's), or None once ``job`` holds the claim (or no fleet)."""
+        if self.fleet is None:
+            return None
+        request, digest = identity
+        if digest == token_digest(None):  # an anonymous warm is one, whether this node knows the repo public yet
+            digest = None
+        key = json.dumps([request.repo.key, request.revision, request.allow, request.ignore, digest])
+        try:
+            held = await self.fleet.claim_job(key, job.id, job.as_json(), _CLAIM_TTL)
+        except MirrorError as exc:
+            log.warning("warm %s runs without the fleet's claim: %s", job.id, exc)
+            return None
+        return None if held is None else FleetJob.from_json(held)
+
+    async def _publish(self, job: WarmJob) -> None:
+        """A fleet job's state in the database while it runs, so that any node answers its status."""
+        assert self.fleet is not None
+        while True:
+            await asyncio.sleep(_PUBLISH_EVERY)
+            try:
+                await self.fleet.update_job(job.id, job.as_json(), _CLAIM_TTL)
+            except MirrorError as exc:
+                log.debug("warm %s state not published: %s", job.id, exc)
+
+    async def find(self, job_id: str) -> WarmJob | FleetJob | None:
+        """A job of this node, or (in a fleet) one another node runs or ran."""
+        job = self._jobs.get(job_id)
+        if job is not None or self.fleet is None:
+            return job
+        try:
+            data = await self.fleet.get_job(job_id)
+        except MirrorError:
+            return None
+        return None if data is None else FleetJob.from_json(data)
 
     def _identity(self, request: WarmRequest, caller: Caller) -> _Identity:
         """Public content is warmed the same whoever asks; other content with the asker's token, so a job of a
@@ -289,6 +365,7 @@ class WarmJobs:
         return list(self._jobs.values())
 
     async def _run(self, job: WarmJob, backend: _WarmBackend, identity: _Identity) -> None:
+        publisher = asyncio.create_task(self._publish(job)) if self.fleet is not None else None
         try:
             async with self._slots:
                 job.state = "running"
@@ -309,8 +386,20 @@ class WarmJobs:
                 del self._active[identity]
             job.state = "failed" if job.errors else "done"
             self._forget_old()
+            if publisher is not None:
+                publisher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await publisher
+                await self._published_end(job)
         log.info("warm %s %s %s@%s: %d/%d files", job.id, job.state, job.request.repo.key, job.commit[:12],
                  job.files_done, job.files_total)
+
+    async def _published_end(self, job: WarmJob) -> None:
+        assert self.fleet is not None
+        try:
+            await self.fleet.update_job(job.id, job.as_json(), _CLAIM_TTL, finished=True)
+        except MirrorError as exc:  # its claim lapses by itself
+            log.debug("warm %s end not published: %s", job.id, exc)
 
     async def ready(self, request: WarmRequest, caller: Caller) -> Readiness:
         """Whether every selected file of the revision is stored: what an init container polls."""

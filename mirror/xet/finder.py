@@ -1,4 +1,5 @@
-"""A Xet hash this node has not seen yet, found in upstream's listing of the token's commit.
+"""A Xet hash this node has not seen yet: in the fleet's database, else found in upstream's listing of the token's
+commit.
 
 A client's HEAD (or tree listing) may have gone to another node of a fleet: the node whose CAS is asked then knows
 nothing of the hash. It lists the commit (the recursive tree, every page, asked with the token's caller through the
@@ -34,7 +35,7 @@ class XetFinder:
 
     async def file(self, repo: hf.RepoRef, commit: str, xet_hash: str, caller: Caller) -> XetFile | None:
         """The file of ``repo`` named ``xet_hash``: known, or found in upstream's listing of ``commit``."""
-        found = self.catalog.file(repo, xet_hash)
+        found = await self.catalog.find(repo, xet_hash)
         if found is not None or not hf.is_commit(commit) or not XET_HASH_RE.match(xet_hash):
             return found  # a malformed hash lists nothing
         key = (repo.key, commit, token_digest(caller.token))
@@ -50,7 +51,7 @@ class XetFinder:
         self._listed.move_to_end(key)
         if len(self._listed) > _LISTED_MAX:
             self._listed.popitem(last=False)
-        return self.catalog.file(repo, xet_hash)
+        return await self.catalog.find(repo, xet_hash)
 
     async def _list(self, repo: hf.RepoRef, commit: str, caller: Caller) -> None:
         """Every page of the commit's recursive tree through the API cache (which records the Xet hashes)."""

@@ -15,8 +15,10 @@ with the mirror's token (mirror-auth mode, or an explicit ``lend_upstream_token`
 uses the settings' token again.
 
 The secret is the ``xet_signing_secret`` setting when one is given (the same on every node of a fleet: any node
-accepts any node's tokens and unseals their caller tokens); otherwise it is generated and kept in the cache directory
-(``xet-secret``, mode 0600), shared by every worker of the node.
+accepts any node's tokens and unseals their caller tokens); otherwise, in a fleet (``metadata_url``), the one the
+first node generated and stored in the fleet's database (:data:`FLEET_SECRET`, read by every node at start:
+:meth:`XetSigner.open`); otherwise it is generated and kept in the cache directory (``xet-secret``, mode 0600),
+shared by every worker of the node.
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ import hmac
 import json
 import os
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 _SECRET_FILE = "xet-secret"
+FLEET_SECRET = "xet-signing-secret"  # its name among the fleet database's secrets
+SECRET_BYTES = 32
 
 
 def _b64(data: bytes) -> str:
@@ -57,7 +62,7 @@ def load_secret(cache_dir: Path, configured: str | None = None) -> bytes:
     tmp = path.with_name(f".{_SECRET_FILE}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, os.urandom(32))
+        os.write(fd, os.urandom(SECRET_BYTES))
     finally:
         os.close(fd)
     try:
@@ -70,9 +75,29 @@ def load_secret(cache_dir: Path, configured: str | None = None) -> bytes:
 
 
 class XetSigner:
-    def __init__(self, secret: bytes) -> None:
+    def __init__(self, secret: bytes | None = None, *,
+                 load: Callable[[], Awaitable[bytes]] | None = None) -> None:
+        """``secret``, or ``load``: where :meth:`open` reads it (the fleet's database), before the first request."""
+        if secret is None and load is None:
+            raise ValueError("a Xet signer needs a secret or a way to load one")
+        self._load = load
+        self._mac_key = self._enc_key = b""
+        if secret is not None:
+            self._key(secret)
+
+    def _key(self, secret: bytes) -> None:
         self._mac_key = hmac.new(secret, b"hf-mirror xet mac", hashlib.sha256).digest()
         self._enc_key = hmac.new(secret, b"hf-mirror xet enc", hashlib.sha256).digest()
+
+    async def open(self) -> None:
+        """Read the secret from where ``load`` says (a no-op for a signer given its secret)."""
+        if self._load is not None and not self._mac_key:
+            self._key(await self._load())
+
+    def _keys(self) -> tuple[bytes, bytes]:
+        if not self._mac_key:
+            raise RuntimeError("the Xet signer's secret was never loaded: await open() at start")
+        return self._mac_key, self._enc_key
 
     # --- signed claims ---------------------------------------------------------------------------------------------
 
@@ -98,7 +123,7 @@ class XetSigner:
         return claims
 
     def _mac(self, kind: str, body: str) -> str:
-        return _b64(hmac.new(self._mac_key, f"{kind}\n{body}".encode(), hashlib.sha256).digest())
+        return _b64(hmac.new(self._keys()[0], f"{kind}\n{body}".encode(), hashlib.sha256).digest())
 
     # --- the caller's own token, sealed -------------------------------------------------------------------------------
 
@@ -126,6 +151,6 @@ class XetSigner:
         out = bytearray()
         counter = 0
         while len(out) < length:
-            out += hmac.new(self._enc_key, nonce + counter.to_bytes(8, "big"), hashlib.sha256).digest()
+            out += hmac.new(self._keys()[1], nonce + counter.to_bytes(8, "big"), hashlib.sha256).digest()
             counter += 1
         return bytes(out[:length])

@@ -19,8 +19,9 @@ import pytest
 
 from mirror.errors import LeaseLost
 from mirror.hf import RepoRef, RepoType
-from mirror.index import FileEntry, MetadataIndex
+from mirror.index import ApiEntry, FileEntry, MetadataIndex, api_query_key, api_route_key
 from mirror.metadata import EmbeddedMetadata, HeldLease, MetadataStore
+from mirror.metadata.base import XetRecord
 from mirror.storage.base import BlobInfo, PeerAddress
 
 BACKENDS = ["embedded", "postgres"]
@@ -319,3 +320,80 @@ async def test_concurrent_evictors_never_choose_the_same_blob(stores: Stores) ->
                                     for i, node in enumerate(nodes)))
     everything = [tag for one in chosen for tag in one]
     assert sorted(everything) == sorted(tags)  # each blob once, by one evictor
+
+
+# --- upstream's answers, Xet records, secrets ------------------------------------------------------------------------
+
+async def test_api_answers_are_shared_with_their_age(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    route, query = api_route_key("tree", ""), api_query_key([("recursive", "true")], None)
+    assert await b.get_api(REPO, "main", route, query) is None
+    headers = (("content-type", "application/json"), ("link", '<https://x/api?cursor=abc>; rel="next"'))
+    body = b'[{"type":"file","path":"a.bin"}]' + bytes(range(256))  # any bytes, kept as they are
+    await a.put_api(REPO, "main", route, query, ApiEntry(200, headers, body, time.time()))
+    await a.put_api(REPO, "c" * 40, route, query, ApiEntry(200, headers, b"[]", time.time(), immutable=True))
+    record = await b.get_api(REPO, "main", route, query)
+    assert record is not None and 0 <= record.age < 60
+    assert (record.entry.status, record.entry.headers, record.entry.body) == (200, headers, body)
+    assert not record.entry.immutable
+    pinned = await b.get_api(REPO, "c" * 40, route, query)
+    assert pinned is not None and pinned.entry.immutable and pinned.entry.body == b"[]"
+    assert await b.get_api(REPO, "main", route, api_query_key([], None)) is None  # another query
+    assert await b.get_api(DATASET, "main", route, query) is None
+    assert await b.get_api(REPO, None, route, query) is None
+    await b.put_api(REPO, "main", route, query, ApiEntry(200, (), b"[1]", time.time()))  # a refresh replaces it
+    assert (await a.get_api(REPO, "main", route, query)).entry.body == b"[1]"  # type: ignore[union-attr]
+
+
+async def test_route_table_answers_are_shared_per_token_digest(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    await a.put_read("/api/whoami-v2", "digest-1", "", ApiEntry(200, (), b'{"name":"one"}', time.time()))
+    record = await b.get_read("/api/whoami-v2", "digest-1", "")
+    assert record is not None and record.entry.body == b'{"name":"one"}'
+    assert await b.get_read("/api/whoami-v2", "digest-2", "") is None
+    assert await b.get_read("/api/whoami-v2", "anon", "") is None
+
+
+async def test_xet_records_are_shared_per_repo(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    commit = "c" * 40
+    one = XetRecord(commit, "a.bin", "1" * 64, "e" * 64, 10)
+    two = XetRecord(commit, "sub/b.bin", "2" * 64, "f" * 64, 20)
+    assert await b.get_xet_files(REPO, commit, ["a.bin"]) == []
+    await a.put_xet_files(REPO, [one, two])
+    assert sorted(await b.get_xet_files(REPO, commit, ["a.bin", "sub/b.bin", "c.bin"]), key=str) == \
+        sorted([one, two], key=str)
+    assert await b.get_xet_files(REPO, "d" * 40, ["a.bin"]) == []
+    assert await b.get_xet_by_hash(REPO, "2" * 64) == two
+    assert await b.get_xet_by_hash(DATASET, "2" * 64) is None  # never another repo's file by its hash
+    assert await b.get_xet_files(DATASET, commit, ["a.bin"]) == []
+
+
+async def test_a_secret_is_generated_once(stores: Stores) -> None:
+    nodes = [await stores.node() for _ in range(3)]
+    secrets = await asyncio.gather(*(node.secret("xet", bytes([i]) * 32) for i, node in enumerate(nodes)))
+    assert len(set(secrets)) == 1 and secrets[0] in {bytes([i]) * 32 for i in range(3)}
+    assert await nodes[0].secret("xet", b"x" * 32) == secrets[0]
+    assert await nodes[0].secret("other", b"y" * 32) == b"y" * 32
+
+
+async def test_one_live_job_per_warm_across_the_fleet(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    warm = '["model:acme/tiny","main",null,null,null]'
+    assert await a.claim_job(warm, "job-a", {"id": "job-a", "state": "queued"}, 30) is None
+    assert await b.claim_job(warm, "job-b", {"id": "job-b", "state": "queued"}, 30) == {"id": "job-a",
+                                                                                       "state": "queued"}
+    await a.update_job("job-a", {"id": "job-a", "state": "running", "files_done": 1}, 30)
+    assert await b.get_job("job-a") == {"id": "job-a", "state": "running", "files_done": 1}
+    assert (await b.claim_job(warm, "job-c", {"id": "job-c"}, 30))["state"] == "running"  # type: ignore[index]
+    assert await b.get_job("job-b") is None and await b.get_job("job-c") is None
+    await a.update_job("job-a", {"id": "job-a", "state": "done"}, 30, finished=True)
+    assert await b.get_job("job-a") == {"id": "job-a", "state": "done"}  # kept for status reads
+    assert await b.claim_job(warm, "job-d", {"id": "job-d"}, 30) is None  # a later warm runs anew
+    other = '["model:acme/tiny","v1",null,null,null]'
+    assert await a.claim_job(other, "job-e", {"id": "job-e"}, 0.2) is None
+
+    async def lapsed() -> bool:  # its node stopped publishing: the claim lapses
+        return await b.claim_job(other, "job-f", {"id": "job-f"}, 30) is None
+
+    await eventually(lapsed)

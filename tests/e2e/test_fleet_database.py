@@ -9,6 +9,7 @@ of changes by LISTEN/NOTIFY. Upstream traffic is counted by the emulator (bodies
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import signal
 import threading
 import time
@@ -33,6 +34,7 @@ from tests.e2e.test_scale_out import (
 )
 from tests.e2e.test_sync import cli
 from tests.support import postgres_server, s3_server
+from tests.support.hub_emulator.fixtures import DENIED_TOKEN, GOOD_TOKEN
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.support.mirror_proc import MirrorProcess, metric
 
@@ -563,3 +565,230 @@ def test_bucket_down_hot_tier_hits_served_other_reads_fail_then_back(upstream: E
             _wait_for(lambda: served(a, "cold"), "the cold file once the bucket is back", timeout=60)
         finally:
             fleet.stop()
+
+# --- shared answers, access, the database's restart, the Xet secret (#25 item 3) --------------------------------------
+
+def upstream_asked(emu: EmulatorHandle) -> dict[str, int]:
+    """What the Hub emulator was asked since its last reset, by kind (its own control requests aside)."""
+    stats = emu.stats()
+    asked = {kind: n for kind, n in stats["counts"].items() if n and kind != "requests"}
+    return {**asked, **{f"fetch {path}": n for path, n in stats["fetches"].items() if n}}
+
+
+def answers_in(database: str, repo: str) -> int:
+    import psycopg
+
+    with psycopg.connect(database, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM hf_mirror_answers WHERE repo = %s", (repo,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_api_json_and_listings_fetched_on_one_node_are_answered_by_the_others(upstream: EmulatorHandle,
+                                                                             nodes: Fleet, database: str) -> None:
+    emu, fleet = upstream, nodes
+    a, b, c = start_fleet(fleet, emu, database)
+    commit = emu.files.commit("model", MODEL, "main")
+    paths = [f"/api/models/{MODEL}", f"/api/models/{MODEL}/revision/main",
+             f"/api/models/{MODEL}/tree/main?recursive=true&expand=false",
+             f"/api/models/{MODEL}/tree/{commit}?recursive=true&expand=false",
+             "/api/models?search=tiny"]  # a route-table read (shared by everyone who sends no token)
+    first = {}
+    for path in paths:
+        response = httpx.get(a.url + path, timeout=30)
+        assert response.status_code == 200 and response.headers["x-mirror-cache"] == "miss", (path, response.text)
+        first[path] = response.json()
+    listed = [item for item in first[paths[3]] if item.get("lfs")]
+    # A file of the repo through A too: whether anonymous callers may read its content is then known to the fleet
+    # (a listing says nothing of it: without this, B would ask upstream once, to confirm it).
+    assert httpx.head(f"{a.url}/{MODEL}/resolve/main/README.md", timeout=30).status_code == 200
+    assert listed and all(len(item.get("xetHash", "")) == 64 for item in listed)  # upstream's Xet hashes, kept
+
+    def shared() -> bool:  # A hands them to the database in the background
+        import psycopg
+
+        with psycopg.connect(database, autocommit=True) as conn:
+            reads = conn.execute("SELECT count(*) FROM hf_mirror_answers WHERE repo IS NULL").fetchone()
+            hashes = conn.execute("SELECT count(*) FROM hf_mirror_xet WHERE commit = %s", (commit,)).fetchone()
+        return answers_in(database, f"model:{MODEL}") >= 4 and reads == (1,) and hashes == (len(listed),)
+
+    _wait_for(shared, "A's answers and Xet hashes in the database")
+    emu.reset_stats()
+    for node in (b, c):
+        for path in paths:
+            response = httpx.get(node.url + path, timeout=30)
+            assert response.status_code == 200 and response.headers["x-mirror-cache"] == "hit", (path, node.url)
+            assert response.json() == first[path], path  # Xet hashes and all
+        commit_head = httpx.head(f"{node.url}/{MODEL}/resolve/main/config.json", timeout=30)
+        assert commit_head.status_code == 200 and commit_head.headers["x-repo-commit"] == commit
+    assert upstream_asked(emu) == {}, emu.requests()
+    print(f"{len(paths)} API answers fetched on A: B and C answered them with 0 upstream requests")
+
+
+def test_a_private_repo_confirmed_on_one_node_is_refused_to_anonymous_callers_on_the_others(
+        upstream: EmulatorHandle, nodes: Fleet, database: str) -> None:
+    emu, fleet = upstream, nodes
+    a, b, c = start_fleet(fleet, emu, database)
+    private = "acme/private-model"
+    good = {"authorization": f"Bearer {GOOD_TOKEN}"}
+    urls = [f"/{private}/resolve/main/config.json", f"/{private}/resolve/main/model.safetensors",
+            f"/api/models/{private}", f"/api/models/{private}/revision/main",
+            f"/api/models/{private}/tree/main?recursive=true&expand=false"]
+    secret = emu.files.file_bytes("model", private, "main", "config.json")
+    for url in urls:
+        response = httpx.get(a.url + url, headers=good, timeout=60)
+        assert response.status_code == 200, (url, response.status_code, response.text[:200])
+    _wait_for(lambda: answers_in(database, f"model:{private}") >= 3, "A's answers of the private repo shared")
+    for node in (b, c):
+        for headers in ({}, {"authorization": f"Bearer {DENIED_TOKEN}"}):
+            for url in urls:
+                response = httpx.get(node.url + url, headers=headers, timeout=60)
+                assert response.status_code in (401, 403, 404), (node.url, url, headers, response.status_code)
+                assert response.headers.get("x-error-code"), response.headers
+                assert secret not in response.content and b'"sha"' not in response.content, response.content[:300]
+    emu.reset_stats()  # the confirmed token is served by B from what A learnt
+    for url in urls[:3]:
+        response = httpx.get(b.url + url, headers=good, timeout=60)
+        assert response.status_code == 200, (url, response.status_code)
+    assert httpx.get(b.url + urls[0], headers=good, timeout=60).content == secret
+    assert not any(kind.startswith(("api", "resolve", "fetch", "cdn")) for kind in upstream_asked(emu)), \
+        upstream_asked(emu)
+
+
+def test_the_database_restarted_under_load_warm_hits_keep_succeeding(upstream: EmulatorHandle,
+                                                                       nodes: Fleet) -> None:
+    emu, fleet = upstream, nodes
+    with postgres_server.PostgresServer() as own:
+        database = own.create_database()
+        started = start_fleet(fleet, emu, database)
+        warm = [f"/{MODEL}/resolve/main/{path}" for path in ("config.json", "model.safetensors", "sub/nested.txt")]
+        expected = {url: emu.files.file_bytes("model", MODEL, "main", url.rsplit("/main/", 1)[1]) for url in warm}
+        for node in started:
+            for url in warm:
+                status, body, _ = get(node.url + url)
+                assert status == 200 and body == expected[url]
+        stop = threading.Event()
+        results: list[tuple[str, int, bool]] = []
+        failures: list[str] = []
+        timings: list[tuple[float, float]] = []
+
+        def client(node: MirrorProcess) -> None:
+            while not stop.is_set():
+                for url in warm:
+                    t0 = time.monotonic()
+                    try:
+                        status, body, _ = get(node.url + url, timeout=60)
+                    except httpx.HTTPError as exc:
+                        failures.append(f"{node.url}{url}: {type(exc).__name__}")
+                        continue
+                    results.append((node.url, status, body == expected[url]))
+                    timings.append((time.monotonic(), time.monotonic() - t0))
+
+        clients = [threading.Thread(target=client, args=(node,)) for node in started for _ in range(2)]
+        for thread in clients:
+            thread.start()
+        try:
+            _wait_for(lambda: len(results) > 30, "warm hits before the restart")
+            own.stop()
+            marks = [time.monotonic()]
+            down_at = len(results)
+            # A miss while it is down: a clear 503 (its fill cannot have a lease), never a cut transfer.
+            cold = f"/datasets/{BIG[1]}/resolve/main/{BIG[2]}"
+            misses = []
+            for node in started:
+                response = httpx.get(node.url + cold, timeout=60)
+                misses.append((response.status_code, response.headers.get("x-error-code")))
+            _wait_for(lambda: len(results) > down_at + 60, "warm hits while the database is down", timeout=60)
+            marks.append(time.monotonic())
+            own.start()
+            marks.append(time.monotonic())
+            up_at = len(results)
+            _wait_for(lambda: len(results) > up_at + 30, "warm hits after the restart", timeout=60)
+        finally:
+            stop.set()
+            for thread in clients:
+                thread.join(120)
+        for name, lo, hi in (("before", 0, marks[0]), ("down", marks[0], marks[1]), ("after", marks[2], 1e12)):
+            part = sorted(d for t, d in timings if lo <= t < hi)
+            print(name, len(part), part[len(part) // 2] if part else None, part[-1] if part else None)
+        assert not failures, failures[:5]
+        assert all(status == 200 and right for _, status, right in results), \
+            [r for r in results if r[1] != 200 or not r[2]][:5]
+        assert misses == [(503, "MetadataUnavailable")] * 3, misses
+        data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
+
+        def filled() -> bool:  # a fill needs the database's lease again
+            status, body, _ = get(started[1].url + cold)
+            return status == 200 and body == data
+
+        _wait_for(filled, "a cold file filled once the database is back", timeout=60)
+        # ... and what a node learns is shared again: a listing fetched on C is B's without upstream.
+        listing = f"/api/datasets/{BIG[1]}/tree/main?recursive=true&expand=false"
+        assert httpx.get(started[2].url + listing, timeout=30).status_code == 200
+        _wait_for(lambda: answers_in(database, f"dataset:{BIG[1]}") >= 1, "C's listing in the database")
+        emu.reset_stats()
+        response = httpx.get(started[1].url + listing, timeout=30)
+        assert response.status_code == 200 and response.headers["x-mirror-cache"] == "hit"
+        assert upstream_asked(emu) == {}, upstream_asked(emu)
+        print(f"database stopped and started under load: {len(results)} warm GETs on 3 nodes, all 200 with the "
+              f"right bytes; misses while it was down: {misses[0]}")
+
+
+def test_a_xet_token_minted_on_one_node_is_accepted_by_another(upstream: EmulatorHandle, nodes: Fleet,
+                                                              database: str) -> None:
+    emu, fleet = upstream, nodes
+    a, b, c = start_fleet(fleet, emu, database)
+    commit = emu.files.commit("model", MODEL, "main")
+    head = httpx.head(f"{a.url}/{MODEL}/resolve/main/model.safetensors", timeout=30)
+    assert head.status_code == 200
+    xet_hash = head.headers["x-xet-hash"]
+    token = httpx.get(f"{a.url}/api/models/{MODEL}/xet-read-token/{commit}", timeout=30)
+    assert token.status_code == 200, token.text
+    access = token.json()["accessToken"]
+    _wait_for(lambda: _xet_rows(database) >= 1, "A's Xet hash in the database")
+    emu.reset_stats()
+    for node in (b, c):  # the same secret: the token is good there, and the hash known from A (no listing upstream)
+        answer = httpx.get(f"{node.url}/_xet/v1/reconstructions/{xet_hash}",
+                           headers={"authorization": f"Bearer {access}"}, timeout=30)
+        assert answer.status_code == 200, (node.url, answer.status_code, answer.text[:300])
+        assert answer.json()["terms"], answer.text[:300]
+        forged = httpx.get(f"{node.url}/_xet/v1/reconstructions/{xet_hash}",
+                           headers={"authorization": f"Bearer {access[:-2]}xx"}, timeout=30)
+        assert forged.status_code == 401
+    assert not any(kind.startswith("api") for kind in upstream_asked(emu)), upstream_asked(emu)
+    import psycopg
+
+    with psycopg.connect(database, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM hf_mirror_secrets").fetchone() == (1,)
+
+
+def _xet_rows(database: str) -> int:
+    import psycopg
+
+    with psycopg.connect(database, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM hf_mirror_xet").fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_a_warm_asked_of_two_nodes_runs_once(upstream: EmulatorHandle, nodes: Fleet, database: str) -> None:
+    emu, fleet = upstream, nodes
+    a, b = start_fleet(fleet, emu, database, count=2)
+    emu.set_faults(throttle_bps=2 * 2**20)  # a warm of some seconds: the second ask comes while it runs
+    warm = {"repo": BIG[1], "type": "dataset"}
+    first = httpx.post(a.url + "/api/mirror/warm", json=warm, timeout=60)
+    assert first.status_code == 202, first.text
+    job = first.json()["id"]
+    second = httpx.post(b.url + "/api/mirror/warm", json=warm, timeout=60)
+    assert second.status_code == 202 and second.json()["id"] == job, (second.text, job)
+
+    def done() -> bool:  # B answers the status of A's job from the database
+        state = httpx.get(f"{b.url}/api/mirror/warm/{job}", timeout=30)
+        assert state.status_code == 200, state.text
+        return bool(state.json()["state"] == "done")
+
+    _wait_for(done, "the warm done, as B tells it", timeout=60)
+    emu.clear_faults()
+    assert emu.fetch_count(*BIG) == 1, emu.stats()["fetches"]
+    assert f"warm {job} done" in a.log()
+    assert not re.search(r"warm [0-9a-f]{16} (done|failed)", b.log()), b.log()[-2000:]  # B ran no warm
+    again = httpx.post(b.url + "/api/mirror/warm", json=warm, timeout=60)  # a later warm is a new job (a no-op)
+    assert again.status_code == 202 and again.json()["id"] != job
