@@ -60,6 +60,7 @@ class FileService:
         self.settings, self.index, self.store, self.upstream = core.settings, core.index, core.store, core.upstream
         self.fills, self.access, self.metrics, self.xet = core.fills, core.access, core.metrics, core.xet
         self.make_room, self.on_hit, self.admission = core.make_room, core.on_hit, core.admission
+        self.shared = core.shared
 
     async def resolve_file(self, target: hf.ResolveTarget, caller: Caller) -> ResolvedFile:
         """What ``target`` is: commit, etag, size. Raises the Hub's errors (EntryNotFound carries the commit)."""
