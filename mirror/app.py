@@ -90,7 +90,7 @@ class Mirror:
         self.xet_cas: XetCas | None = None
         if settings.serve_xet:
             catalog = self.service.xet  # built with the service (mirror.parts)
-            signer = XetSigner(load_secret(settings.cache_dir, settings.xet_signing_secret))
+            signer = XetSigner(load_secret(self.parts.layout.xet_secret, settings.xet_signing_secret))
             self.xet_token = XetTokenRoute(settings, self.service, catalog, signer, metrics)
             self.xet_cas = XetCas(settings, self.service, self.fills, catalog, signer, metrics,
                                   audited=settings.audit_log)  # a reconstruction is an Xet download's audit event
@@ -185,7 +185,7 @@ class MirrorApp:
         assert self.mirror is not None
         with contextlib.suppress(OSError):
             self.metrics.disk_free_bytes.set(shutil.disk_usage(self.mirror.cache.root).free)
-        for run in read_runs(self.settings.cache_dir):
+        for run in read_runs(self.parts.layout):
             self.metrics.sync_run(run.manifest, run.finished, run.ok, run.last_success)
 
     def caller(self, scope: Scope, repo: hf.RepoRef | None, kind: str = "content") -> Caller:
