@@ -185,7 +185,7 @@ class MirrorApp:
         assert self.mirror is not None
         with contextlib.suppress(OSError):
             self.metrics.disk_free_bytes.set(shutil.disk_usage(self.mirror.cache.root).free)
-        for run in read_runs(self.parts.layout):
+        for run in read_runs(self.mirror.parts.layout):
             self.metrics.sync_run(run.manifest, run.finished, run.ok, run.last_success)
 
     def caller(self, scope: Scope, repo: hf.RepoRef | None, kind: str = "content") -> Caller:
