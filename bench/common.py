@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mirror.config import parse_size as _parse_config_size
+from mirror.layout import CacheLayout
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.support.mirror_proc import MirrorProcess, free_port
 from tests.support.nginx_front import BLOBS_PREFIX, NginxFront, render_nginx_conf  # noqa: F401 - for serve.py
@@ -128,7 +129,7 @@ def mirror(upstream: str, cache: Path, *extra: str) -> Iterator[MirrorProcess]:
 def blob_path(cache: Path, etag: str, wait: float = 0.0) -> Path:
     """Where the local store keeps a blob; with ``wait``, once it is committed (clients get their last byte once
     it is verified, a moment before the fsync and rename that commit it)."""
-    path = cache / "blobs" / etag[:2] / etag
+    path = CacheLayout(cache).blob(etag)
     deadline = time.monotonic() + wait
     while not path.exists() and time.monotonic() < deadline:
         time.sleep(0.05)

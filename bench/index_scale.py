@@ -27,7 +27,8 @@ from pathlib import Path
 import httpx
 
 from mirror.hf import RepoRef, RepoType
-from mirror.index import FileEntry, MetadataIndex, index_dir
+from mirror.index import FileEntry, MetadataIndex
+from mirror.layout import CacheLayout
 from tests.support.mirror_proc import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +44,7 @@ def repo_name(number: int) -> str:
 def fill(cache: Path, repos: int, entries: int) -> dict[str, float]:
     """``entries`` file entries over ``repos`` repos, one blob each (a sparse file of the entry's size)."""
     started = time.monotonic()
-    index = MetadataIndex(index_dir(cache))
+    index = MetadataIndex(CacheLayout(cache).index_dir)
     blobs = cache / "blobs"
     size = TOTAL_BLOB_BYTES // entries
     per_repo = entries // repos

@@ -3,7 +3,8 @@
 The house, in layers; a module imports only from its own layer or the ones above it in this list
 (tests/unit/test_layers.py reads the import graph and holds every module to it):
 
-    values and the wire contract  config, errors, hf, hubjson, routetable, integrity, metrics, logs, asgi   (no I/O)
+    values and the wire contract  config, errors, hf, hubjson, routetable, layout (every path of the cache, named
+                                  once), integrity, metrics, logs, asgi   (no I/O)
     adapters                      index (the one key schema), storage/ (local, s3/), metadata/ (embedded, postgres),
                                   upstream/ (the Hub client)
     policy                        access, admission/, auth, fill/, service/, viewer/, xet/

@@ -98,7 +98,7 @@ class Mirror:
                 # A fleet signs with one secret, generated once in its database: read at start (self.start).
                 signer = XetSigner(load=lambda: metadata.secret(FLEET_SECRET, os.urandom(SECRET_BYTES)))
             else:
-                signer = XetSigner(load_secret(settings.cache_dir, settings.xet_signing_secret))
+                signer = XetSigner(load_secret(self.parts.layout.xet_secret, settings.xet_signing_secret))
             self.xet_signer = signer
             self.xet_token = XetTokenRoute(settings, self.service, catalog, signer, metrics)
             self.xet_cas = XetCas(settings, self.service, self.fills, catalog, signer, metrics,
@@ -196,7 +196,7 @@ class MirrorApp:
         assert self.mirror is not None
         with contextlib.suppress(OSError):
             self.metrics.disk_free_bytes.set(shutil.disk_usage(self.mirror.cache.root).free)
-        for run in read_runs(self.settings.cache_dir):
+        for run in read_runs(self.mirror.parts.layout):
             self.metrics.sync_run(run.manifest, run.finished, run.ok, run.last_success)
 
     def caller(self, scope: Scope, repo: hf.RepoRef | None, kind: str = "content") -> Caller:

@@ -37,6 +37,7 @@ from pydantic_settings import (
 )
 
 from mirror.errors import ConfigError, redact_url
+from mirror.layout import CacheLayout
 
 ENV_PREFIX = "HF_MIRROR_"
 _BYTE_SIZE = TypeAdapter(ByteSize)
@@ -380,7 +381,7 @@ class Settings(BaseSettings):
 
     @property
     def audit_directory(self) -> Path:
-        return self.audit_dir or self.cache_dir / "audit"
+        return self.audit_dir or CacheLayout(self.cache_dir).audit_dir
 
     @property
     def auth_required(self) -> bool:

@@ -93,11 +93,6 @@ def _key(*parts: str | None) -> str:
     return _SEP.join(parts)  # type: ignore[arg-type]
 
 
-def index_dir(cache_dir: Path) -> Path:
-    """Where the index of the cache under ``cache_dir`` lives."""
-    return cache_dir / "index"
-
-
 def blob_key(etag: str) -> str:
     """Blob names are the etag when it is a hex digest (always, for the Hub); otherwise a digest of it."""
     if hf.SHA1_RE.match(etag) or hf.SHA256_RE.match(etag):

@@ -16,7 +16,8 @@ from mirror.admission import AdmissionGate, Ledger, Rules
 from mirror.cache import CacheManager, Scrubber
 from mirror.config import Settings
 from mirror.fill import FillManager
-from mirror.index import MetadataIndex, index_dir
+from mirror.index import MetadataIndex
+from mirror.layout import CacheLayout
 from mirror.metadata import MetadataStore, open_metadata
 from mirror.metadata.busy import BusyMarks
 from mirror.metadata.fleet_leases import FleetLeases
@@ -35,6 +36,7 @@ class Parts:
     ``aclose``."""
 
     settings: Settings
+    layout: CacheLayout  # every path under cache_dir, named once
     metrics: Metrics
     store: BlobStore
     index: MetadataIndex
@@ -92,14 +94,15 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     tests' fake Hub at the client's interface, tests/support/fake_upstream.py); by default, one from ``settings``."""
     metrics = metrics if metrics is not None else Metrics()
     settings.cache_dir.mkdir(parents=True, exist_ok=True)
-    index = MetadataIndex(index_dir(settings.cache_dir), negative_max_entries=settings.negative_max_entries,
+    layout = CacheLayout(settings.cache_dir)  # the one place the cache's paths come from: passed to each part
+    index = MetadataIndex(layout.index_dir, negative_max_entries=settings.negative_max_entries,
                           negative_max_bytes=settings.negative_max_bytes)
-    metadata = open_metadata(settings, index)
+    metadata = open_metadata(settings, index, layout)
     # A fleet's database grants the fill leases of a shared bucket (fenced, renewed off the event loop, announced);
     # without one, the bucket's own lease objects do, as before.
     leases = (FleetLeases(metadata, settings.fleet_lease_seconds)
               if settings.metadata_url and settings.storage == "s3" else None)
-    store = open_store(settings, leases=leases)
+    store = open_store(settings, layout, leases=leases)
     lease_ttl = settings.fleet_lease_seconds if leases is not None else settings.lease_stale_seconds
     # The fleet's evictions (a database): what this process reads or fills is busy for every node.
     busy = BusyMarks(metadata, settings.fleet_lease_seconds) if settings.metadata_url else None
@@ -114,13 +117,13 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     access = AccessPolicy.from_settings(index, settings, shared)
     is_busy = _busy(store, fills)
     cache = CacheManager(store, index, metrics, max_size=settings.max_size, is_busy=is_busy,
-                         root=settings.cache_dir, min_free_space=settings.min_free_space or 0,
+                         layout=layout, min_free_space=settings.min_free_space or 0,
                          evicts_for_disk=settings.storage == "local", metadata=metadata if shared else None,
                          busy=busy)
     if busy is not None:
         metadata.on_evicted(cache.dropped)  # another node's eviction: this node's hot copy goes too
     scrubber = Scrubber(store, metrics, is_busy=is_busy)
-    admission = (AdmissionGate(Rules.from_settings(settings), Ledger(settings.cache_dir), upstream,
+    admission = (AdmissionGate(Rules.from_settings(settings), Ledger(layout), upstream,
                                offline=settings.offline) if settings.policy_active else None)
     # The service's one core (its parts and shared state), and the sides composed over it.
     core = ServiceCore(settings, index, store, upstream, fills, access, metrics, make_room=cache.make_room,
@@ -130,7 +133,7 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     fills.on_commit.append(lambda spec: scrubber.verified(spec.etag))  # a fill verified it: no first-hit re-hash
     # The status page and /metrics count the new blob at once.
     fills.on_commit.append(lambda spec: cache.committed(spec.repo, spec.commit, spec.etag, spec.size))
-    return Parts(settings, metrics, store, index, upstream, fills, access, cache, service, scrubber, admission,
+    return Parts(settings, layout, metrics, store, index, upstream, fills, access, cache, service, scrubber, admission,
                  metadata, busy)
 
 

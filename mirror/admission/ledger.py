@@ -1,6 +1,7 @@
-"""What the admission policy remembers, under ``{cache_dir}/admission``: the scan verdict per etag (content is
-immutable: one scan per blob, ever), the quarantine (files stored but never served, with the rule and verdict),
-the operator's releases (also appended to ``releases.jsonl``, never rewritten), and the Hub's facts per commit.
+"""What the admission policy remembers, under ``{cache_dir}/admission`` (``CacheLayout.admission_dir``): the scan
+verdict per etag (content is immutable: one scan per blob, ever), the quarantine (files stored but never served, with
+the rule and verdict), the operator's releases (also appended to ``releases.jsonl``, never rewritten), and the Hub's
+facts per commit.
 
 A diskcache (SQLite) like the index: every worker process and the CLI (``policy release``) share it safely.
 """
@@ -10,21 +11,21 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import diskcache
 
 from mirror.admission.rules import RepoFacts
 from mirror.admission.scan import ScanVerdict
+from mirror.layout import CacheLayout
 
 
 class Ledger:
-    def __init__(self, cache_dir: Path) -> None:
-        self.root = Path(cache_dir) / "admission"
+    def __init__(self, layout: CacheLayout) -> None:
+        self.root = layout.admission_dir
         self.root.mkdir(parents=True, exist_ok=True)
-        self._db = diskcache.Cache(str(self.root / "db"), eviction_policy="none", size_limit=2**40)
-        self.releases_log = self.root / "releases.jsonl"
+        self._db = diskcache.Cache(str(layout.admission_db), eviction_policy="none", size_limit=2**40)
+        self.releases_log = layout.releases_log
 
     def close(self) -> None:
         self._db.close()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from mirror.errors import BadRequest, ConfigError, RepoPinned
 from mirror.hf import RepoRef, RepoType, validate_repo_id, validate_revision
 from mirror.integrity import hash_file
+from mirror.layout import CacheLayout
 from mirror.storage.base import BlobInfo
 
 log = logging.getLogger("hf_mirror.cache")
@@ -77,26 +78,28 @@ class Maintenance:
         return len(gone), sum(info.size for info in gone)
 
     async def sweep_partials(self) -> int:
-        """Delete partial files nobody holds a lease on and nobody touched for a week (others are resumed)."""
-        partials_dir = self.store.partials_dir
+        """Delete partial files nobody holds a lease on and nobody touched for a week (others are resumed), with
+        their notes, and the notes a crash left without their partial file."""
+        partials_dir = self.layout.partials_dir
         if not os.path.isdir(partials_dir):
             return 0
         removed = 0
         now = time.time()
         for entry in os.scandir(partials_dir):
-            if entry.name.endswith(".part.prefix"):  # a parallel fill's progress note, orphaned by a crash
-                if not os.path.exists(entry.path[: -len(".prefix")]):
+            owner = CacheLayout.partial_of_note(entry.name)
+            if owner is not None:  # a parallel or sparse fill's note (or one half written), orphaned by a crash
+                if not os.path.exists(partials_dir / owner):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(entry.path)
                 continue
-            if not entry.name.endswith(".part"):
+            etag = CacheLayout.etag_of_partial(entry.name)
+            if etag is None:
                 continue
-            etag = entry.name[: -len(".part")]
             if await self.store.stat(etag) is not None or now - entry.stat().st_mtime > _PARTIAL_MAX_AGE:
                 if await self.store.read_lease(etag) is None:
                     os.unlink(entry.path)
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path + ".prefix")
+                    for note in CacheLayout.notes(partials_dir / entry.name):
+                        note.unlink(missing_ok=True)
                     removed += 1
         return removed
 

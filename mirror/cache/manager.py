@@ -15,12 +15,12 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from mirror.cache.maintenance import Maintenance
 from mirror.cache.usage import UsageReports, UsageSnapshot
 from mirror.errors import MirrorError
 from mirror.index import MetadataIndex
+from mirror.layout import CacheLayout
 from mirror.metadata import MetadataStore
 from mirror.metadata.base import EVICTION_DELETE_WINDOW
 from mirror.metadata.busy import BusyMarks
@@ -42,11 +42,12 @@ class GcReport:
 
 class CacheManager(UsageReports, Maintenance):
     def __init__(self, store: BlobStore, index: MetadataIndex, metrics: Metrics, *, max_size: int | None,
-                 is_busy: Callable[[str], bool], root: Path, min_free_space: int = 0,
+                 is_busy: Callable[[str], bool], layout: CacheLayout, min_free_space: int = 0,
                  evicts_for_disk: bool = True, metadata: MetadataStore | None = None,
                  busy: BusyMarks | None = None) -> None:
         self.store = store
-        self.root = root  # the disk fills write to
+        self.layout = layout  # where this node's partial files are (swept at startup, counted by ``cache du``)
+        self.root = layout.root  # the disk fills write to
         self.min_free_space = min_free_space
         # Local storage: blobs on this disk can go to make room. A shared bucket is not this disk's to evict.
         self.evicts_for_disk = evicts_for_disk

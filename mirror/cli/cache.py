@@ -27,7 +27,7 @@ from mirror.cache.hubcache.importer import import_tree
 from mirror.cli.settings import add_settings_arguments
 from mirror.config import ConfigError, Settings, format_size
 from mirror.errors import BadRequest
-from mirror.index import index_dir
+from mirror.layout import CacheLayout
 from mirror.parts import Parts, build_parts
 from mirror.storage.base import BlobInfo
 
@@ -112,7 +112,8 @@ async def _du(parts: Parts, args: argparse.Namespace) -> int:
     total = sum(b.size for b in blobs)
     pinned_bytes = sum(b.size for b in blobs if owners.get(b.etag, set()) & pinned)
     orphan = [b for b in blobs if b.etag not in owners]
-    partials = list(parts.store.partials_dir.glob("*.part"))  # this node's disk, for either store
+    partials = [p for p in parts.layout.partials_dir.glob("*")  # this node's disk, for either store
+                if CacheLayout.is_partial(p.name)]
     partial_bytes = sum(p.stat().st_size for p in partials if p.exists())
     by_type: dict[str, int] = {}
     for b in blobs:
@@ -124,7 +125,7 @@ async def _du(parts: Parts, args: argparse.Namespace) -> int:
         "pinned_bytes": pinned_bytes, "unpinned_bytes": total - pinned_bytes,
         "unreferenced_blobs": len(orphan), "unreferenced_bytes": sum(b.size for b in orphan),
         "partials": len(partials), "partial_bytes": partial_bytes,
-        "index_bytes": _dir_bytes(index_dir(parts.settings.cache_dir)),
+        "index_bytes": _dir_bytes(parts.layout.index_dir),
         "max_size": parts.settings.max_size, "by_type": by_type,
     }
     if args.json:
@@ -222,7 +223,8 @@ async def _import(parts: Parts, args: argparse.Namespace) -> int:
     path = Path(args.path).expanduser()
     if not path.is_dir():
         raise ConfigError(f"{path} is not a directory")
-    report = await import_tree(path, parts.store, parts.index, parts.access, link=not args.copy, public=args.public)
+    report = await import_tree(path, parts.store, parts.index, parts.access, parts.layout, link=not args.copy,
+                               public=args.public)
     for line in report.skipped:
         print(f"skipped: {line}", file=sys.stderr)
     print(f"import: {len(report.repos)} repo(s), {report.files} files; {report.blobs_added} blobs added "

@@ -18,6 +18,7 @@ from mirror.admission import Ledger
 from mirror.cache.maintenance import repo_at_revision
 from mirror.config import Settings
 from mirror.errors import MirrorError
+from mirror.layout import CacheLayout
 from mirror.parts import build_parts
 
 HELP = "the admission policy: check REPO[@REV] (each file's decision), release ETAG, quarantined"
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.policy_command == "release":
         return _release(settings, args.etag, args.why)
     if args.policy_command == "quarantined":
-        ledger = Ledger(settings.cache_dir)
+        ledger = Ledger(CacheLayout(settings.cache_dir))
         try:
             for record in ledger.quarantined():
                 print(json.dumps(record, sort_keys=True))
@@ -56,7 +57,7 @@ def _release(settings: Settings, etag: str, why: str) -> int:
     if not why.strip():
         print("hf-mirror policy release: --why must say why", file=sys.stderr)
         return 2
-    ledger = Ledger(settings.cache_dir)
+    ledger = Ledger(CacheLayout(settings.cache_dir))
     try:
         held = {r["etag"]: r for r in ledger.quarantined()}
         if etag not in held:

@@ -14,6 +14,7 @@ from mirror.audit import INDEX_NAME, AuditIndex
 from mirror.audit.follower import index_once
 from mirror.cache.maintenance import repo_at_revision
 from mirror.config import ConfigError, Settings
+from mirror.layout import CacheLayout
 from mirror.parts import build_parts
 
 HELP = "write the CycloneDX ML-BOM of a cached revision: files, hashes, licence, the Hub's scan verdict"
@@ -54,7 +55,8 @@ async def _bom(settings: Settings, repo: hf.RepoRef, revision: str) -> str:
         index_once(directory, wait=True)
         audit = AuditIndex(directory / INDEX_NAME)
     # The mirror's own scan verdicts, where the admission policy scanned files of this cache.
-    ledger = Ledger(settings.cache_dir) if (settings.cache_dir / "admission").is_dir() else None
+    layout = CacheLayout(settings.cache_dir)
+    ledger = Ledger(layout) if layout.admission_dir.is_dir() else None
 
     def scan(etag: str) -> tuple[bool, str] | None:
         verdict = ledger.verdict(etag) if ledger is not None else None

@@ -13,6 +13,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 
 from mirror.config import ConfigError, Settings
+from mirror.layout import CacheLayout
 from mirror.parts import build_parts
 from mirror.sync.backend import Backend
 from mirror.sync.cache_dir_backend import CacheDirBackend, CountingFillManager
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     bars = args.progress == "bars" or (args.progress == "auto" and sys.stdout.isatty())
     reporter: Reporter = RichReporter() if bars else PlainReporter()
     backend: Backend
+    layout = CacheLayout(settings.cache_dir)  # where the run's state and record go (--mirror: no parts are built)
     if args.mirror:
         if not args.mirror.startswith(("http://", "https://")):
             raise ConfigError(f"--mirror must be an http(s) URL, got {args.mirror!r}")
@@ -78,7 +80,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     target = args.mirror or str(settings.cache_dir)
     state = None
     if manifest.selects:
-        state_path = args.state or default_state_path(manifest.source, settings.cache_dir, args.mirror)
+        state_path = args.state or default_state_path(manifest.source, layout, args.mirror)
         state = SyncState.load(state_path, manifest.source)
     rules = f", {len(manifest.selects)} [[select]] rule(s)" if manifest.selects else ""
     reporter.info(f"sync {manifest.path} -> {target}{' (dry run)' if args.dry_run else ''}: "
@@ -102,7 +104,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     if not args.mirror and not args.dry_run:  # for the server's /metrics: the cache directory is what both see
-        record_run(settings.cache_dir, manifest.source, ok=result.ok, files=result.fetched_files,
+        record_run(layout, manifest.source, ok=result.ok, files=result.fetched_files,
                    size=result.fetched_bytes, failed=len(result.failed))
     if state is not None and not args.dry_run:
         state.save()  # the listing is recorded even when some repos failed: they are retried, not "new" again

@@ -23,6 +23,7 @@ from prometheus_client import Counter
 from mirror.errors import IntegrityError
 from mirror.fill.threads import in_thread
 from mirror.integrity import BlobHasher
+from mirror.layout import CacheLayout
 from mirror.upstream import BulkBody, RateLimit
 
 _BLOCK_SECONDS = 0.01  # a slow upstream's bytes reach readers at least this often
@@ -168,7 +169,7 @@ def resume_offset(fd: int, size: int, hasher: BlobHasher, chunk_size: int, parti
         existing = min(existing, prefix)
         if read_windows(partial, fd) is None:  # type: ignore[arg-type]
             os.ftruncate(fd, existing)  # windows beyond the prefix are fetched again; a map keeps them (sparse)
-        prefix_path(partial).unlink(missing_ok=True)  # type: ignore[arg-type]
+        CacheLayout.prefix_note(partial).unlink(missing_ok=True)  # type: ignore[arg-type]
     if existing > size:
         os.ftruncate(fd, 0)
         return 0
@@ -184,24 +185,21 @@ def resume_offset(fd: int, size: int, hasher: BlobHasher, chunk_size: int, parti
 
 # --- the prefix file of a parallel fill ------------------------------------------------------------------------------
 # A parallel fill writes windows at their offsets, so the partial file's size is not how far its bytes are
-# contiguous. ``<partial>.prefix`` says that (written before any window lands beyond the prefix, replaced atomically,
-# removed once the partial file is committed or dropped): what a follower in another process and a resume read.
-
-
-def prefix_path(partial: Path) -> Path:
-    return partial.with_name(partial.name + ".prefix")
+# contiguous. Its prefix note (``CacheLayout.prefix_note``) says that (written before any window lands beyond the
+# prefix, replaced atomically, removed once the partial file is committed or dropped): what a follower in another
+# process and a resume read.
 
 
 def write_prefix(partial: Path, offset: int) -> None:
-    path = prefix_path(partial)
-    tmp = path.with_name(path.name + ".tmp")
+    path = CacheLayout.prefix_note(partial)
+    tmp = CacheLayout.replacing(path)
     tmp.write_text(str(offset))
     os.replace(tmp, path)
 
 
 def read_prefix(partial: Path) -> int | None:
     try:
-        text = prefix_path(partial).read_text()
+        text = CacheLayout.prefix_note(partial).read_text()
     except FileNotFoundError:
         return None
     return int(text) if text.isdigit() else 0
@@ -215,19 +213,16 @@ def on_disk_prefix(partial: Path) -> int:
 
 
 # --- the windows map of a sparse partial file ------------------------------------------------------------------------
-# A ranged read of a large file fetches only its windows (mirror.fill.windows): the partial file is sparse, and
-# ``<partial>.windows`` says which bytes it holds beyond the contiguous prefix: the window size, the partial file's
-# inode (a map outliving its file, or a file made again, is ignored) and ``[start, done]`` of every window begun.
+# A ranged read of a large file fetches only its windows (mirror.fill.windows): the partial file is sparse, and its
+# windows map (``CacheLayout.windows_map``) says which bytes it holds beyond the contiguous prefix: the window size,
+# the partial file's inode (a map outliving its file, or a file made again, is ignored) and ``[start, done]`` of every
+# window begun.
 # Written after the bytes it lists, replaced atomically, removed with the partial file (commit, integrity failure).
 
 
-def windows_path(partial: Path) -> Path:
-    return partial.with_name(partial.name + ".windows")
-
-
 def write_windows(partial: Path, fd: int, window: int, held: list[tuple[int, int]]) -> None:
-    path = windows_path(partial)
-    tmp = path.with_name(path.name + ".tmp")
+    path = CacheLayout.windows_map(partial)
+    tmp = CacheLayout.replacing(path)
     tmp.write_text(json.dumps({"window": window, "inode": os.fstat(fd).st_ino, "held": held}))
     os.replace(tmp, path)
 
@@ -235,7 +230,7 @@ def write_windows(partial: Path, fd: int, window: int, held: list[tuple[int, int
 def read_windows(partial: Path, fd: int) -> tuple[int, list[tuple[int, int]]] | None:
     """``(window size, held spans)`` of the partial file open at ``fd``; ``None``: no map, or not this file's."""
     try:
-        data = json.loads(windows_path(partial).read_text())
+        data = json.loads(CacheLayout.windows_map(partial).read_text())
         window, inode, held = int(data["window"]), int(data["inode"]), [(int(a), int(b)) for a, b in data["held"]]
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None

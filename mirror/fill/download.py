@@ -11,12 +11,13 @@ import logging
 import os
 
 from mirror.errors import IntegrityError
-from mirror.fill.copy import Hashing, Span, copy, prefix_path, resume_offset, windows_path
+from mirror.fill.copy import Hashing, Span, copy, resume_offset
 from mirror.fill.resume import SignedUrl, fetch
 from mirror.fill.state import Fill
 from mirror.fill.threads import FillThreads
 from mirror.fill.windows import WindowedFill, in_windows
 from mirror.integrity import BlobHasher
+from mirror.layout import CacheLayout
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobStore
 from mirror.upstream import FileBody, RangeIgnored, UpstreamClient
@@ -56,8 +57,8 @@ async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metri
             except RangeIgnored:
                 offset = windows.hashed  # every worker has stopped: the file is cut back to the hashed prefix
                 await asyncio.to_thread(os.ftruncate, fd, offset)
-                prefix_path(partial).unlink(missing_ok=True)  # contiguous again (a failure keeps it: see resume)
-                windows_path(partial).unlink(missing_ok=True)
+                for note in CacheLayout.notes(partial):  # contiguous again (a failure keeps them: see resume)
+                    note.unlink(missing_ok=True)
                 fill.advance(offset)
                 log.info("upstream ignores Range for %s: one stream from byte %d", spec.path, offset)
         stream = Span(offset, spec.size, offset, bounded=False)
@@ -72,14 +73,14 @@ async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metri
             metrics.integrity_failures.inc()
             os.ftruncate(fd, 0)
             partial.unlink(missing_ok=True)
-            prefix_path(partial).unlink(missing_ok=True)
-            windows_path(partial).unlink(missing_ok=True)
+            for note in CacheLayout.notes(partial):
+                note.unlink(missing_ok=True)
             raise IntegrityError(f"{spec.repo.key} {spec.path}: content does not match etag {spec.etag}")
         fill.verify()
     finally:
         os.close(fd)
     committed = await store.commit(spec.etag, partial)
-    prefix_path(partial).unlink(missing_ok=True)  # after the partial file became the blob: see copy.prefix_path
-    windows_path(partial).unlink(missing_ok=True)
+    for note in CacheLayout.notes(partial):  # after the partial file became the blob: see copy.write_prefix
+        note.unlink(missing_ok=True)
     fill.finish(committed)
     log.info("committed %s %s (%d bytes) as %s", spec.repo.key, spec.path, spec.size, spec.etag)

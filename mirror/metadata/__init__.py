@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from mirror.config import ConfigError, Settings
 from mirror.index import MetadataIndex
+from mirror.layout import CacheLayout
 from mirror.metadata.base import HeldLease, LeaseRecord, MetadataStore, RefRecord
 from mirror.metadata.embedded import EmbeddedMetadata
 
 __all__ = ["HeldLease", "LeaseRecord", "MetadataStore", "RefRecord", "EmbeddedMetadata", "open_metadata"]
 
 
-def open_metadata(settings: Settings, index: MetadataIndex) -> MetadataStore:
-    """The store ``settings`` name: PostgreSQL for ``metadata_url``, else the embedded one over ``index``.
+def open_metadata(settings: Settings, index: MetadataIndex, layout: CacheLayout) -> MetadataStore:
+    """The store ``settings`` name: PostgreSQL for ``metadata_url``, else the embedded one over ``index`` (its fill
+    leases in ``layout``'s ``fill-leases/``).
     Nothing connects before ``await store.open()``."""
     if settings.metadata_url:
         try:
@@ -20,4 +22,4 @@ def open_metadata(settings: Settings, index: MetadataIndex) -> MetadataStore:
         except ModuleNotFoundError as exc:
             raise ConfigError(f"metadata_url needs the fleet extra: pip install 'hf-mirror[fleet]' ({exc})") from exc
         return PostgresMetadata(settings.metadata_url)
-    return EmbeddedMetadata(index, settings.cache_dir / "fill-leases")
+    return EmbeddedMetadata(index, layout.fill_leases_dir)

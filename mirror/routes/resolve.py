@@ -20,6 +20,7 @@ from mirror.access import Caller
 from mirror.asgi import Receive, Scope, Send
 from mirror.errors import MirrorError, PolicyBlocked
 from mirror.fill import FillManager
+from mirror.layout import blob_name
 from mirror.metrics import Metrics, Outcome
 from mirror.routes.common import header, outcome_headers, parse_range, send_error
 from mirror.routes.sendfile import send_file_range, send_fill_range, watch_disconnect
@@ -115,7 +116,7 @@ class ResolveHandler:
             headers += self.xet_headers(scope, resolved)
         if self.accel_redirect and type(source) is Cached:
             # nginx serves the bytes (sendfile, Range); the app keeps every decision.
-            location = f"{self.accel_redirect.rstrip('/')}/{entry.etag[:2]}/{entry.etag}"
+            location = f"{self.accel_redirect.rstrip('/')}/{blob_name(entry.etag)}"
             headers.append((b"x-accel-redirect", location.encode()))
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": b""})

@@ -174,7 +174,7 @@ class StatusBoard:
             with contextlib.suppress(OSError):
                 usage = shutil.disk_usage(self.cache.root)
                 disk = {"total": usage.total, "used": usage.used, "free": usage.free}
-            return {"disk": disk, "runs": read_runs(self.settings.cache_dir)}
+            return {"disk": disk, "runs": read_runs(self.cache.layout)}
         known = await asyncio.to_thread(read)
         self._disk = (time.monotonic(), known)
         return known

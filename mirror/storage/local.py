@@ -1,6 +1,4 @@
-"""Local-disk blob store.
-
-Layout under the cache directory::
+"""Local-disk blob store, in the cache's layout (:class:`mirror.layout.CacheLayout`)::
 
     blobs/<etag[:2]>/<etag>     committed blobs (mtime = last access, for LRU)
     partials/<etag>.part        fills in progress
@@ -22,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from mirror.integrity import hash_file
+from mirror.layout import CacheLayout, blob_name
 from mirror.storage.base import BlobInfo, CopyProgress, Lease, PeerAddress
 
 _TOUCH_EVERY = 60.0  # seconds: a blob's last-access time is refreshed at most this often
@@ -30,22 +29,23 @@ _TOUCH_EVERY = 60.0  # seconds: a blob's last-access time is refreshed at most t
 class LocalBlobStore:
     has_hot_tier = False  # the disk is the store
 
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
-        self.blobs_dir = self.root / "blobs"
+    def __init__(self, layout: CacheLayout) -> None:
+        self.layout = layout
+        self.root = layout.root
+        self.blobs_dir = layout.blobs_dir
         # Hot files are looked up on every hit and cached HEAD: keep their Path objects (pathlib joins cost ~10 µs).
         self._hot_paths = functools.lru_cache(maxsize=8192)(self.blob_path)
-        self.partials_dir = self.root / "partials"
+        self.partials_dir = layout.partials_dir
         self.blobs_dir.mkdir(parents=True, exist_ok=True)
         self.partials_dir.mkdir(parents=True, exist_ok=True)
         self._lease_fds: dict[str, int] = {}
 
     def blob_path(self, etag: str) -> Path:
-        return self.blobs_dir / etag[:2] / etag
+        return self.layout.blob(etag)
 
     def relative_blob_path(self, etag: str) -> str:
         """The blob's path under ``blobs/`` (what an nginx ``X-Accel-Redirect`` location serves)."""
-        return f"{etag[:2]}/{etag}"
+        return blob_name(etag)
 
     def stat_sync(self, etag: str) -> BlobInfo | None:
         try:
@@ -69,7 +69,7 @@ class LocalBlobStore:
         return self.cached_path(etag)  # the disk is the store: nothing is ever copied in
 
     def partial_path(self, etag: str) -> Path:
-        return self.partials_dir / f"{etag}.part"
+        return self.layout.partial(etag)
 
     async def commit(self, etag: str, partial: Path) -> Path:
         target = self.blob_path(etag)
@@ -131,7 +131,7 @@ class LocalBlobStore:
     # --- leases ---------------------------------------------------------------------------------------------------
 
     def _lease_path(self, etag: str) -> Path:
-        return self.partials_dir / f"{etag}.lease"
+        return self.layout.lease(etag)
 
     async def acquire_lease(self, etag: str, owner: str, ttl: float, peer: PeerAddress | None = None) -> bool:
         # ``peer`` is not kept: on one host, followers read the partial file itself.

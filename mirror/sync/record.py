@@ -16,10 +16,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mirror.layout import CacheLayout
+
 log = logging.getLogger("hf_mirror.sync")
-
-_FOLDER = "sync-runs"
-
 
 @dataclass(frozen=True)
 class RunRecord:
@@ -32,16 +31,16 @@ class RunRecord:
     failed: int = 0  # revisions that failed
 
 
-def _path(cache_dir: Path, manifest_source: str) -> Path:
+def _path(layout: CacheLayout, manifest_source: str) -> Path:
     digest = hashlib.sha256(manifest_source.encode()).hexdigest()[:16]
-    return cache_dir / _FOLDER / f"{digest}.json"
+    return layout.sync_runs_dir / f"{digest}.json"
 
 
-def record_run(cache_dir: Path, manifest_source: str, *, ok: bool, files: int, size: int, failed: int,
+def record_run(layout: CacheLayout, manifest_source: str, *, ok: bool, files: int, size: int, failed: int,
                now: float | None = None) -> RunRecord:
     """Write this run's record (the previous success kept when this run failed)."""
     now = time.time() if now is None else now
-    path = _path(cache_dir, manifest_source)
+    path = _path(layout, manifest_source)
     previous = _read(path)
     record = RunRecord(Path(manifest_source).name, now, ok,
                        now if ok else (previous.last_success if previous else None), files, size, failed)
@@ -57,9 +56,9 @@ def record_run(cache_dir: Path, manifest_source: str, *, ok: bool, files: int, s
     return record
 
 
-def read_runs(cache_dir: Path) -> list[RunRecord]:
+def read_runs(layout: CacheLayout) -> list[RunRecord]:
     """Every manifest's last run recorded in this cache directory (unreadable records skipped)."""
-    folder = cache_dir / _FOLDER
+    folder = layout.sync_runs_dir
     if not folder.is_dir():
         return []
     return [r for p in sorted(folder.glob("*.json")) if (r := _read(p)) is not None]

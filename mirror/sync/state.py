@@ -19,18 +19,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mirror.layout import CacheLayout
+
 log = logging.getLogger("hf_mirror.sync")
 
 VERSION = 1
 
 
-def default_state_path(manifest_source: str, cache_dir: Path, mirror_url: str | None) -> Path:
+def default_state_path(manifest_source: str, layout: CacheLayout, mirror_url: str | None) -> Path:
     if mirror_url is None:
-        key, root = manifest_source, cache_dir
-    else:
+        key, home = manifest_source, layout
+    else:  # that cache is another host's: this user's state directory, laid out as a cache's
         key = f"{manifest_source}\n{mirror_url.rstrip('/')}"
-        root = Path(os.environ.get("XDG_STATE_HOME") or Path("~/.local/state").expanduser()) / "hf-mirror"
-    return root / "sync-state" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+        home = CacheLayout(Path(os.environ.get("XDG_STATE_HOME") or Path("~/.local/state").expanduser()) / "hf-mirror")
+    return home.sync_state_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
 @dataclass

@@ -33,7 +33,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-_SECRET_FILE = "xet-secret"
 FLEET_SECRET = "xet-signing-secret"  # its name among the fleet database's secrets
 SECRET_BYTES = 32
 
@@ -46,12 +45,11 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def load_secret(cache_dir: Path, configured: str | None = None) -> bytes:
-    """The signing secret: the configured one, else the node's, read from ``cache_dir/xet-secret``, created (0600,
-    atomically) on first use."""
+def load_secret(path: Path, configured: str | None = None) -> bytes:
+    """The signing secret: the configured one, else the node's, read from ``path`` (``CacheLayout.xet_secret``),
+    created (0600, atomically) on first use."""
     if configured:
         return configured.encode()
-    path = Path(cache_dir) / _SECRET_FILE
     try:
         data = path.read_bytes()
         if len(data) >= 32:
@@ -59,7 +57,7 @@ def load_secret(cache_dir: Path, configured: str | None = None) -> bytes:
     except FileNotFoundError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{_SECRET_FILE}.{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, os.urandom(SECRET_BYTES))

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from mirror.errors import IntegrityError
+from mirror.layout import CacheLayout
 from mirror.storage.base import BlobStore, PeerAddress
 from mirror.storage.local import LocalBlobStore
 from tests.support import s3_server
@@ -64,11 +65,12 @@ class Stores:
 
 def build(spec: dict[str, Any], leases: Any = None) -> Any:
     if spec["backend"] == "local":
-        return LocalBlobStore(Path(spec["root"]))
+        return LocalBlobStore(CacheLayout(Path(spec["root"])))
     from mirror.storage.s3 import S3BlobStore
 
-    return S3BlobStore(Path(spec["root"]), bucket=spec["bucket"], prefix=spec["prefix"], endpoint=spec["endpoint"],
-                       hot_tier_max_size=spec.get("hot_tier_max_size"), leases=leases)
+    return S3BlobStore(CacheLayout(Path(spec["root"])), bucket=spec["bucket"], prefix=spec["prefix"],
+                       endpoint=spec["endpoint"], hot_tier_max_size=spec.get("hot_tier_max_size"),
+                       leases=leases)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -485,7 +487,7 @@ async def test_s3_bad_bucket_fails_at_open(s3: s3_server.S3Server, tmp_path: Pat
 
     for key, value in s3.env.items():
         monkeypatch.setenv(key, value)
-    store = S3BlobStore(tmp_path, bucket="no-such-bucket", endpoint=s3.endpoint)
+    store = S3BlobStore(CacheLayout(tmp_path), bucket="no-such-bucket", endpoint=s3.endpoint)
     try:
         with pytest.raises(RuntimeError, match="no-such-bucket"):
             await store.open()
@@ -506,10 +508,10 @@ def test_s3_settings_are_validated_and_parsed(settings_env: pytest.MonkeyPatch) 
     settings = Settings(storage="s3", s3_bucket="b", s3_endpoint="http://127.0.0.1:9")
     assert settings.hot_tier_max_size == 10 * 2**30 and settings.s3_prefix == "p/"
     assert not any("aws" in key or "access_key" in key for key in settings.redacted())  # credentials: AWS chain only
-    store = open_store(settings)
+    store = open_store(settings, CacheLayout(settings.cache_dir))
     assert type(store).__name__ == "S3BlobStore" and store.prefix == "p/"
     settings_env.delenv("HF_MIRROR_S3_PREFIX")
-    assert isinstance(open_store(Settings()), LocalBlobStore)
+    assert isinstance(open_store(Settings(), CacheLayout(Settings().cache_dir)), LocalBlobStore)
 
 
 async def test_s3_outage_hot_hits_still_served_misses_are_503(s3_stores: Stores, tmp_path: Path) -> None:
@@ -521,7 +523,7 @@ async def test_s3_outage_hot_hits_still_served_misses_are_503(s3_stores: Stores,
     etag, partial = write_partial(store, data)
     await store.commit(etag, partial)
     # The same node's cache dir, but the bucket's endpoint is gone.
-    down = S3BlobStore(store.root, bucket="b", endpoint=f"http://127.0.0.1:{free_port()}", max_attempts=1)
+    down = S3BlobStore(store.layout, bucket="b", endpoint=f"http://127.0.0.1:{free_port()}", max_attempts=1)
     try:
         info = await down.stat(etag)
         assert info is not None and info.size == len(data)

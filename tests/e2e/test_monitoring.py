@@ -18,6 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from mirror.layout import CacheLayout
 from mirror.sync.record import record_run
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.support.mirror_proc import MirrorProcess
@@ -135,7 +136,8 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorHandle]:
 
 def test_every_series_queried_is_exported_by_a_running_mirror(emu, tmp_path):
     cache = tmp_path / "cache"
-    record_run(cache, str(tmp_path / "nightly.toml"), ok=True, files=1, size=1, failed=0)  # as a sync writes it
+    # as a sync writes it
+    record_run(CacheLayout(cache), str(tmp_path / "nightly.toml"), ok=True, files=1, size=1, failed=0)
     with MirrorProcess(emu.url, cache, "--max-size", "1GiB") as mirror:
         for path in ("/acme/tiny-model/resolve/main/config.json", "/acme/tiny-model/resolve/main/config.json",
                      "/api/models/acme/tiny-model", "/acme/tiny-model/resolve/main/nope.txt"):

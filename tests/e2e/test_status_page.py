@@ -21,6 +21,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
+from mirror.layout import CacheLayout
 from mirror.sync.record import record_run
 from tests.support.hub_emulator.fixtures import DENIED_TOKEN, GOOD_TOKEN
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
@@ -312,7 +313,7 @@ def test_the_page_refreshes_in_place_sorts_filters_and_shows_a_repo_page(emu, tm
         assert httpx.get(f"{mirror.url}/acme/no-such-repo/resolve/main/x.json").status_code == 401  # an error
         gated = {"authorization": f"Bearer {GOOD_TOKEN}"}
         assert httpx.get(f"{mirror.url}/acme/gated-model/resolve/main/config.json", headers=gated).status_code == 200
-        record_run(cache, str(tmp_path / "nightly.toml"), ok=False, files=2, size=1234, failed=1)
+        record_run(CacheLayout(cache), str(tmp_path / "nightly.toml"), ok=False, files=2, size=1234, failed=1)
 
         # Gated repos: listed to the admin and to a Hub token upstream confirmed, not to others (who read a note).
         def listed(**headers: str) -> dict[str, Any]:

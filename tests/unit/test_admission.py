@@ -11,6 +11,7 @@ import pytest
 from mirror import hf
 from mirror.admission import Ledger, RepoFacts, Rules, decide, scan_bytes
 from mirror.config import ConfigError, Settings
+from mirror.layout import CacheLayout
 from tests.support import pickle_samples
 
 BENIGN, MALICIOUS = pickle_samples.samples()
@@ -109,7 +110,7 @@ def test_the_policy_table_of_the_settings_file(tmp_path: Path, settings_env: pyt
 
 
 def test_the_ledger_keeps_verdicts_quarantine_and_releases(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path)
+    ledger = Ledger(CacheLayout(tmp_path))
     verdict = scan_bytes(MALICIOUS["evil/nested.pkl"])
     ledger.put_verdict("e1", verdict)
     ledger.quarantine("e1", {"repo": "model:acme/m", "path": "x.pkl", "rule": "mirror-scan", "verdict": "v"})

@@ -22,7 +22,7 @@ from mirror.errors import IntegrityError, UpstreamUnavailable
 from mirror.fill import Fill, FillManager, FillSpec
 from mirror.fill import resume as resume_module
 from mirror.fill import windows as windows_module
-from mirror.fill.copy import prefix_path, windows_path
+from mirror.layout import CacheLayout
 from mirror.metrics import Metrics
 from mirror.storage.local import LocalBlobStore
 from mirror.upstream import FileBody, RangeIgnored, UrlExpired
@@ -136,7 +136,7 @@ def spec_of(content: bytes, *, etag: str | None = None, cdn_url: str | None = No
 @asynccontextmanager
 async def fill_manager(tmp_path: Path, upstream: FakeUpstream, metrics: Metrics | None = None,
                        chunk_size: int = PIECE) -> AsyncIterator[FillManager]:
-    manager = FillManager(LocalBlobStore(tmp_path), upstream, metrics or Metrics(),  # type: ignore[arg-type]
+    manager = FillManager(LocalBlobStore(CacheLayout(tmp_path)), upstream, metrics or Metrics(),  # type: ignore[arg-type]
                           chunk_size=chunk_size, lease_ttl=30, cancel_on_disconnect=False)
     try:
         yield manager
@@ -205,7 +205,7 @@ async def test_bytes_that_do_not_match_the_etag_drop_the_partial_file(tmp_path: 
         with pytest.raises(IntegrityError, match="does not match"):
             await manager.fetch(spec)
         partial = manager.store.partial_path(spec.etag)
-    assert not partial.exists() and not prefix_path(partial).exists()
+    assert not partial.exists() and not CacheLayout.prefix_note(partial).exists()
     assert manager.store.cached_path(spec.etag) is None
     assert metrics.registry.get_sample_value("hf_mirror_integrity_failures_total") == 1
 
@@ -270,7 +270,7 @@ async def test_windows_each_resume_after_a_drop_and_fetch_each_byte_once(tmp_pat
     assert Request(window + 10 * KIB, 2 * window, None) in upstream.requests
     assert len(upstream.requests) == 6 + 1  # six windows, one resumed
     assert metrics.registry.get_sample_value("hf_mirror_upstream_bytes_total") == len(content)
-    assert not prefix_path(manager.store.partial_path(spec_of(content).etag)).exists()
+    assert not CacheLayout.prefix_note(manager.store.partial_path(spec_of(content).etag)).exists()
 
 
 async def test_windows_share_a_signed_url_resolved_again(tmp_path: Path) -> None:
@@ -433,8 +433,8 @@ async def test_ranged_reads_fetch_their_windows_and_a_full_download_the_rest(tmp
         await asyncio.wait_for(fill.task, 10)  # paused: no reader, nothing asked
         assert fill.committed is None
     assert sorted((r.start, r.end) for r in upstream.requests) == [(3 * window, 4 * window), (4 * window, 5 * window)]
-    partial = LocalBlobStore(tmp_path).partial_path(spec.etag)
-    assert windows_path(partial).exists()
+    partial = LocalBlobStore(CacheLayout(tmp_path)).partial_path(spec.etag)
+    assert CacheLayout.windows_map(partial).exists()
 
     upstream.requests.clear()
     async with fill_manager(tmp_path, upstream) as manager:  # another process, the same cache
@@ -447,7 +447,7 @@ async def test_ranged_reads_fetch_their_windows_and_a_full_download_the_rest(tmp
     assert path.read_bytes() == content
     asked = sorted((r.start, r.end) for r in upstream.requests)
     assert asked == [(i * window, (i + 1) * window) for i in (0, 1, 2, 5, 6, 7)]
-    assert not windows_path(partial).exists() and not prefix_path(partial).exists()
+    assert not CacheLayout.windows_map(partial).exists() and not CacheLayout.prefix_note(partial).exists()
 
 
 async def test_a_sparse_fill_completes_once_its_share_is_held(tmp_path: Path, short_linger: None) -> None:

@@ -20,8 +20,8 @@ from mirror.index import (
     api_query_key,
     api_route_key,
     blob_key,
-    index_dir,
 )
+from mirror.layout import CacheLayout
 
 REPO = RepoRef(RepoType.MODEL, "acme/tiny")
 OTHER = RepoRef(RepoType.DATASET, "acme/tiny")  # the same id, another type: another repo
@@ -30,7 +30,7 @@ COMMIT = "a" * 40
 
 @pytest.fixture
 def index(tmp_path: Path) -> Iterator[MetadataIndex]:
-    index = MetadataIndex(index_dir(tmp_path))
+    index = MetadataIndex(CacheLayout(tmp_path).index_dir)
     yield index
     index.close()
 
@@ -177,7 +177,7 @@ def test_deleting_a_repo_removes_its_entries_only(index: MetadataIndex) -> None:
 
 
 def test_a_worker_sees_a_ref_another_refreshed(tmp_path: Path) -> None:
-    first, second = MetadataIndex(index_dir(tmp_path)), MetadataIndex(index_dir(tmp_path))
+    first, second = MetadataIndex(CacheLayout(tmp_path).index_dir), MetadataIndex(CacheLayout(tmp_path).index_dir)
     try:
         first.put_ref_at(REPO, "main", "1" * 40, fetched_at=100.0)
         assert second.get_ref(REPO, "main").commit == "1" * 40  # type: ignore[union-attr]

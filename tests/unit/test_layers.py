@@ -288,7 +288,7 @@ def test_the_layer_rules_see_their_modules() -> None:
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("values and the wire contract", ("mirror.config", "mirror.errors", "mirror.hf", "mirror.hubjson",
                                       "mirror.integrity", "mirror.metrics", "mirror.logs", "mirror.asgi",
-                                      "mirror.routetable")),
+                                      "mirror.routetable", "mirror.layout")),
     ("adapters", ("mirror.index", "mirror.storage", "mirror.metadata", "mirror.upstream")),
     ("policy", ("mirror.access", "mirror.admission", "mirror.auth", "mirror.fill", "mirror.service", "mirror.viewer",
                 "mirror.xet")),

@@ -16,10 +16,11 @@ async def test_make_room_evicts_least_recently_used_blobs(tmp_path: Path, monkey
 
     from mirror.cache import CacheManager
     from mirror.index import MetadataIndex
+    from mirror.layout import CacheLayout
     from mirror.metrics import Metrics
     from mirror.storage.local import LocalBlobStore
 
-    store = LocalBlobStore(tmp_path / "cache")
+    store = LocalBlobStore(CacheLayout(tmp_path / "cache"))
     etags = []
     for i in range(3):
         data = bytes([i]) * 1000
@@ -39,7 +40,7 @@ async def test_make_room_evicts_least_recently_used_blobs(tmp_path: Path, monkey
     index = MetadataIndex(tmp_path / "cache" / "index")
     try:
         cache = CacheManager(store, index, Metrics(), max_size=None, is_busy=lambda _e: False,
-                             root=tmp_path / "cache", min_free_space=5_000)
+                             layout=store.layout, min_free_space=5_000)
         assert await cache.make_room(1_000, 0)  # 7,000 free: enough, nothing evicted
         assert all(store.blob_path(e).exists() for e in etags)
         assert await cache.make_room(2_500, 0)  # short by 500: the oldest blob goes, no more

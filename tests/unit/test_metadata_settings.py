@@ -45,4 +45,5 @@ def test_without_a_database_a_node_is_built_as_before(settings_env: pytest.Monke
         assert not (tmp_path / "cache" / "fill-leases").exists()  # nothing new on disk
     finally:
         parts.index.close()
-    assert isinstance(open_metadata(from_cli("--cache-dir", str(tmp_path)), parts.index), EmbeddedMetadata)
+    embedded = open_metadata(from_cli("--cache-dir", str(tmp_path)), parts.index, parts.layout)
+    assert isinstance(embedded, EmbeddedMetadata)

@@ -53,10 +53,11 @@ async def test_negative_bytes_count_in_the_quota(tmp_path):
     import hashlib
 
     from mirror.cache import CacheManager
+    from mirror.layout import CacheLayout
     from mirror.metrics import Metrics
     from mirror.storage.local import LocalBlobStore
 
-    store = LocalBlobStore(tmp_path / "cache")
+    store = LocalBlobStore(CacheLayout(tmp_path / "cache"))
     data = b"x" * 50_000
     etag = hashlib.sha256(data).hexdigest()
     partial = store.partial_path(etag)
@@ -65,7 +66,7 @@ async def test_negative_bytes_count_in_the_quota(tmp_path):
     index = MetadataIndex(tmp_path / "cache" / "index")
     try:
         cache = CacheManager(store, index, Metrics(), max_size=60_000, is_busy=lambda _e: False,
-                             root=tmp_path / "cache")
+                             layout=store.layout)
         assert (await cache.collect()).evicted == 0 and store.blob_path(etag).exists()  # 50,000: under it
         for n in range(40):
             index.put_file(REPO, FileEntry(COMMIT, f"missing-{n}-{'y' * 100}.bin", missing=True))

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from mirror import hf
+from mirror.layout import CacheLayout
 from mirror.sync.manifest import PARQUET_REF, ManifestError, parse_manifest
 from mirror.sync.state import SyncState, default_state_path
 
@@ -66,9 +67,9 @@ def test_select_errors(data: dict[str, Any], message: str) -> None:
 
 
 def test_state_changes_and_atomic_save(tmp_path: Path) -> None:
-    path = default_state_path("/etc/sync.toml", tmp_path, None)
+    path = default_state_path("/etc/sync.toml", CacheLayout(tmp_path), None)
     assert path.parent == tmp_path / "sync-state" and path.suffix == ".json"
-    assert default_state_path("/etc/sync.toml", tmp_path, "http://m:8080") != path
+    assert default_state_path("/etc/sync.toml", CacheLayout(tmp_path), "http://m:8080") != path
     state = SyncState.load(path, "/etc/sync.toml")
     first = state.update({"dataset:o/a": "r1", "dataset:o/b": "r1", "model:o/c": "r2"}, {"r1", "r2"}, set(), 1.0)
     assert first.first_run and first.new == ["dataset:o/a", "dataset:o/b", "model:o/c"]

@@ -13,6 +13,7 @@ import pytest
 from mirror.cache import CacheManager
 from mirror.hf import RepoRef, RepoType
 from mirror.index import FileEntry, MetadataIndex
+from mirror.layout import CacheLayout
 from mirror.metrics import Metrics
 from mirror.storage.local import LocalBlobStore
 
@@ -33,9 +34,9 @@ async def _store_file(store: LocalBlobStore, index: MetadataIndex, repo: RepoRef
 
 @pytest.fixture
 async def cache(tmp_path: Path) -> AsyncIterator[tuple[CacheManager, LocalBlobStore, MetadataIndex]]:
-    store = LocalBlobStore(tmp_path / "cache")
+    store = LocalBlobStore(CacheLayout(tmp_path / "cache"))
     index = MetadataIndex(tmp_path / "cache" / "index")
-    manager = CacheManager(store, index, Metrics(), max_size=None, is_busy=lambda _e: False, root=tmp_path / "cache")
+    manager = CacheManager(store, index, Metrics(), max_size=None, is_busy=lambda _e: False, layout=store.layout)
     try:
         yield manager, store, index
     finally:

@@ -27,6 +27,7 @@ from mirror.errors import MirrorError
 from mirror.hubjson import lfs_etag
 from mirror.index import FileEntry, MetadataIndex
 from mirror.integrity import hash_file
+from mirror.layout import CacheLayout
 from mirror.storage.base import BlobStore
 
 Log = Callable[[str], None]
@@ -112,7 +113,7 @@ def _walk_files(root: Path) -> list[tuple[str, Path]]:
     return sorted(out)
 
 
-async def _ingest_blob(store: BlobStore, source: Path, etag: str, *, link: bool, owner: str
+async def _ingest_blob(store: BlobStore, layout: CacheLayout, source: Path, etag: str, *, link: bool, owner: str
                        ) -> tuple[str, int, bool]:
     """Put ``source`` into the store as blob ``etag``: ('added'|'present'|'corrupt'|'busy', size, linked).
 
@@ -125,7 +126,7 @@ async def _ingest_blob(store: BlobStore, source: Path, etag: str, *, link: bool,
     try:
         if await store.stat(etag) is not None:
             return "present", os.stat(source).st_size, False
-        tmp = store.partial_path(etag).with_name(f"{etag}.import-{os.getpid()}")
+        tmp = layout.import_copy(etag)
         linked = await asyncio.to_thread(link_or_copy, source, tmp, link)
         size = os.stat(tmp).st_size
         if not await asyncio.to_thread(hash_file, tmp, etag, size):
@@ -140,9 +141,10 @@ async def _ingest_blob(store: BlobStore, source: Path, etag: str, *, link: bool,
         await store.release_lease(etag, owner)
 
 
-async def import_tree(path: Path, store: BlobStore, index: MetadataIndex, access: AccessPolicy, *,
-                      link: bool = True, public: bool = False, log: Log = print) -> ImportReport:
-    """Seed the mirror from a client cache tree; see the module docstring."""
+async def import_tree(path: Path, store: BlobStore, index: MetadataIndex, access: AccessPolicy, layout: CacheLayout,
+                      *, link: bool = True, public: bool = False, log: Log = print) -> ImportReport:
+    """Seed the mirror from a client cache tree; see the module docstring. ``layout``: the cache's, where the
+    copies wait to be hashed (beside the partial files: committing one is a rename)."""
     report = ImportReport()
     owner = f"import:{os.getpid()}"
     client_repos, problems = scan_client_cache(path)
@@ -172,7 +174,7 @@ async def import_tree(path: Path, store: BlobStore, index: MetadataIndex, access
                 if not (hf.SHA1_RE.match(etag) or hf.SHA256_RE.match(etag)) or not blob.is_file():
                     report.skipped.append(f"{repo.key}@{commit[:12]}/{rel}: blob {etag} missing or misnamed")
                     continue
-                outcome, size, linked = await _ingest_blob(store, blob, etag, link=link, owner=owner)
+                outcome, size, linked = await _ingest_blob(store, layout, blob, etag, link=link, owner=owner)
                 if outcome == "corrupt":
                     report.corrupt.append(f"{repo.key}@{commit[:12]}/{rel} (blob {etag})")
                     log(f"corrupt: {repo.key} {rel}: blob {etag} does not match its hash; not imported")

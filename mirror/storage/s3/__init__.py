@@ -1,6 +1,7 @@
 """S3-compatible blob store (AWS S3, MinIO, Ceph RGW, SeaweedFS) with a bounded local-disk hot tier in front.
 
-Several mirror nodes point at one bucket; the bucket is the single truth of what exists::
+Several mirror nodes point at one bucket; the bucket is the single truth of what exists (the names come from
+:mod:`mirror.layout`: ``BucketLayout`` for the bucket, ``CacheLayout`` for this node's disk)::
 
     s3://<bucket>/<prefix>blobs/<etag[:2]>/<etag>   committed blobs (immutable, named by the Hub etag)
     s3://<bucket>/<prefix>leases/<etag>             fill leases: JSON {owner, ttl, host, pid, refreshed, peer}

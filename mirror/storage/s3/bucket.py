@@ -22,6 +22,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from mirror.errors import AlreadyCommitted
+from mirror.layout import BucketLayout
 from mirror.storage.base import BlobInfo
 from mirror.storage.s3.errors import error_code, http_status
 
@@ -37,6 +38,7 @@ class Bucket:
     def __init__(self, name: str, *, prefix: str, endpoint: str | None, region: str, max_attempts: int) -> None:
         self.name = name
         self.prefix = prefix
+        self.keys = BucketLayout(prefix)
         self.endpoint = endpoint
         self.region = region
         self.max_attempts = max_attempts
@@ -77,10 +79,10 @@ class Bucket:
         self._stack = self._client = None
 
     def blob_key(self, etag: str) -> str:
-        return f"{self.prefix}blobs/{etag[:2]}/{etag}"
+        return self.keys.blob_key(etag)
 
     def lease_key(self, etag: str) -> str:
-        return f"{self.prefix}leases/{etag}"
+        return self.keys.lease_key(etag)
 
     async def head_blob(self, etag: str) -> BlobInfo | None:
         client = await self.client()
@@ -189,12 +191,11 @@ class Bucket:
         """Every blob in the bucket (last access is the commit time: S3 keeps no read times)."""
         client = await self.client()
         paginator = client.get_paginator("list_objects_v2")
-        base = f"{self.prefix}blobs/"
-        async for page in paginator.paginate(Bucket=self.name, Prefix=base):
+        async for page in paginator.paginate(Bucket=self.name, Prefix=self.keys.blobs_prefix):
             for item in page.get("Contents", []):
-                name = item["Key"][len(base):].rsplit("/", 1)[-1]
-                if name and not name.startswith("."):
-                    yield BlobInfo(name, int(item["Size"]), item["LastModified"].timestamp())
+                etag = self.keys.etag_of_blob_key(item["Key"])
+                if etag is not None:
+                    yield BlobInfo(etag, int(item["Size"]), item["LastModified"].timestamp())
 
 
 def _read_range(path: Path, offset: int, length: int) -> bytes:

@@ -14,10 +14,10 @@ import contextlib
 import logging
 import os
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from mirror.layout import CacheLayout
 from mirror.storage.base import BlobInfo
 
 log = logging.getLogger("hf_mirror.storage.s3")
@@ -27,15 +27,16 @@ _HOT_TMP_MAX_AGE = 3600.0  # leftover hot-tier downloads of a killed process are
 
 
 class HotTier:
-    def __init__(self, root: Path, *, max_size: int | None) -> None:
-        self.blobs_dir = root / "blobs"
-        self.tmp_dir = root / "hot-tmp"
+    def __init__(self, layout: CacheLayout, *, max_size: int | None) -> None:
+        self.layout = layout
+        self.blobs_dir = layout.blobs_dir
+        self.tmp_dir = layout.hot_tmp_dir
         self.max_size = max_size
         self._busy: set[str] = set()  # etags entering the hot tier right now: never evicted
         self._bytes: int | None = None  # this process's estimate; rescanned before evicting
 
     def path(self, etag: str) -> Path:
-        return self.blobs_dir / etag[:2] / etag
+        return self.layout.blob(etag)
 
     def info(self, etag: str) -> BlobInfo | None:
         try:
@@ -52,7 +53,7 @@ class HotTier:
 
     def tmp_path(self, etag: str) -> Path:
         """A fresh name for a download of ``etag`` into the hot tier."""
-        return self.tmp_dir / f"{etag}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        return self.layout.hot_download(etag)
 
     @contextlib.contextmanager
     def entering(self, etag: str) -> Iterator[None]:

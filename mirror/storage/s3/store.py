@@ -23,6 +23,7 @@ from typing import Any
 
 from mirror.errors import IntegrityError, LeaseLost, MirrorError
 from mirror.integrity import BlobHasher
+from mirror.layout import CacheLayout, blob_name
 from mirror.storage.base import BlobInfo, CopyProgress, Lease, PeerAddress
 from mirror.storage.s3.bucket import Bucket
 from mirror.storage.s3.errors import storage_errors
@@ -37,10 +38,11 @@ _READ_CHUNK = 4 * 1024 * 1024
 class S3BlobStore:
     has_hot_tier = True  # this node's copies of bucket objects: a fault in one is this node's alone
 
-    def __init__(self, cache_dir: Path, *, bucket: str, prefix: str = "", endpoint: str | None = None,
+    def __init__(self, layout: CacheLayout, *, bucket: str, prefix: str = "", endpoint: str | None = None,
                  region: str = "us-east-1", hot_tier_max_size: int | None = None, max_attempts: int = 3,
                  leases: FillLeases | None = None) -> None:
-        self.root = Path(cache_dir)
+        self.layout = layout
+        self.root = layout.root
         self.bucket = bucket
         self.prefix = (prefix.strip("/") + "/") if prefix.strip("/") else ""
         self.endpoint = endpoint
@@ -49,13 +51,13 @@ class S3BlobStore:
         # Few attempts: a request waits on the store, so an outage should surface as a 503 in seconds, not minutes.
         self.max_attempts = max_attempts
         self.objects = Bucket(bucket, prefix=self.prefix, endpoint=endpoint, region=region, max_attempts=max_attempts)
-        self.hot_tier = HotTier(self.root, max_size=self.hot_tier_max_size)
+        self.hot_tier = HotTier(layout, max_size=self.hot_tier_max_size)
         # The bucket's lease objects, unless a fleet database grants the leases (--metadata-url): then the commit is
         # fenced by it, and followers are told of changes instead of polling.
         self.leases: FillLeases = leases if leases is not None else Leases(self.objects)
         self.watch_lease = self.leases.watch
         self.blobs_dir = self.hot_tier.blobs_dir
-        self.partials_dir = self.root / "partials"  # CacheManager.sweep_partials looks here
+        self.partials_dir = layout.partials_dir  # always local: other nodes stream a fill from here
         self.tmp_dir = self.hot_tier.tmp_dir
         for folder in (self.blobs_dir, self.partials_dir, self.tmp_dir):
             folder.mkdir(parents=True, exist_ok=True)
@@ -84,7 +86,7 @@ class S3BlobStore:
         return self.hot_tier.path(etag)
 
     def relative_blob_path(self, etag: str) -> str:
-        return f"{etag[:2]}/{etag}"
+        return blob_name(etag)
 
     @storage_errors
     async def stat(self, etag: str) -> BlobInfo | None:
@@ -148,7 +150,7 @@ class S3BlobStore:
                     tmp.unlink()
 
     def partial_path(self, etag: str) -> Path:
-        return self.partials_dir / f"{etag}.part"
+        return self.layout.partial(etag)
 
     @storage_errors
     async def commit(self, etag: str, partial: Path) -> Path:
