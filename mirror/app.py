@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import shutil
 import time
 from collections.abc import AsyncIterator
@@ -44,8 +43,7 @@ from mirror.sync.warm import WarmJobs
 from mirror.upstream.viewer import ViewerUpstream
 from mirror.viewer.parquet_info import OfflineInfo
 from mirror.viewer.service import ViewerService
-from mirror.xet import CAS_PREFIX, XetSigner
-from mirror.xet.tokens import FLEET_SECRET, SECRET_BYTES, load_secret
+from mirror.xet import CAS_PREFIX
 
 log = logging.getLogger("hf_mirror")
 # Operations routes that show repo names and traffic: in mirror-auth mode, for mirror-token holders only.
@@ -73,10 +71,22 @@ class Mirror:
         self.access = self.parts.access
         self.cache = self.parts.cache
         self.service = self.parts.service
+        # Xet through the mirror (issue 17, mirror.routes.xet): off, every Xet hint is stripped as before.
+        self.xet_token: XetTokenRoute | None = None
+        self.xet_cas: XetCas | None = None
+        signer = self.parts.xet_signer
+        if signer is not None:
+            catalog = self.service.xet  # built with the service (mirror.parts)
+            self.xet_token = XetTokenRoute(settings, self.service, catalog, signer, metrics)
+            self.xet_cas = XetCas(settings, self.service, self.fills, catalog, signer, metrics,
+                                  audited=settings.audit_log)  # a reconstruction is an Xet download's audit event
+        xet_token = self.xet_token
         self.resolve = ResolveHandler(self.service, self.fills, metrics,
-                                      chunk_size=settings.serve_chunk_size, accel_redirect=settings.accel_redirect)
+                                      chunk_size=settings.serve_chunk_size, accel_redirect=settings.accel_redirect,
+                                      xet_headers=xet_token.resolve_headers if xet_token else None)
         self.api = ApiHandler(self.service, metrics, max_paths_info=settings.max_paths_info,
-                              max_relay_bytes=settings.max_api_body, body_timeout=settings.header_timeout)
+                              max_relay_bytes=settings.max_api_body, body_timeout=settings.header_timeout,
+                              annotate=xet_token.annotate if xet_token else None)
         self.peer = PeerFillHandler(self.fills, metrics, chunk_size=settings.serve_chunk_size)
         # Warm on request, on the nightly sync's engine (mirror.sync.warm); one job per warm across a fleet.
         self.warm_jobs = WarmJobs(self.parts, fleet=self.parts.metadata if settings.metadata_url else None)
@@ -87,24 +97,6 @@ class Mirror:
                                                   ViewerUpstream(self.upstream, settings.viewer_upstream or ""),
                                                   metrics, offline_info=OfflineInfo(self.index, self.store)),
                                     metrics)
-        # Xet through the mirror (issue 17, mirror.routes.xet): off, every Xet hint is stripped as before.
-        self.xet_token: XetTokenRoute | None = None
-        self.xet_cas: XetCas | None = None
-        self.xet_signer: XetSigner | None = None
-        if settings.serve_xet:
-            catalog = self.service.xet  # built with the service (mirror.parts)
-            metadata = self.parts.metadata
-            if settings.metadata_url and not settings.xet_signing_secret and metadata is not None:
-                # A fleet signs with one secret, generated once in its database: read at start (self.start).
-                signer = XetSigner(load=lambda: metadata.secret(FLEET_SECRET, os.urandom(SECRET_BYTES)))
-            else:
-                signer = XetSigner(load_secret(self.parts.layout.xet_secret, settings.xet_signing_secret))
-            self.xet_signer = signer
-            self.xet_token = XetTokenRoute(settings, self.service, catalog, signer, metrics)
-            self.xet_cas = XetCas(settings, self.service, self.fills, catalog, signer, metrics,
-                                  audited=settings.audit_log)  # a reconstruction is an Xet download's audit event
-            self.resolve.xet_headers = self.xet_token.resolve_headers
-            self.api.annotate = self.xet_token.annotate
 
         # The status page (mirror.status) and the operator's actions on one repo (mirror.routes.ops), issue 19.
         visible = None if settings.auth_required else self._public  # open to anyone: the repos anyone may read
@@ -127,8 +119,6 @@ class Mirror:
 
     async def start(self) -> None:
         await self.parts.start()
-        if self.xet_signer is not None:
-            await self.xet_signer.open()  # the fleet's secret, once its database is open
         self.history.start()
         if self.audit_index is not None:
             self.audit_index.start()

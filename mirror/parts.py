@@ -8,6 +8,7 @@ command honours every setting: ``storage = "s3"`` makes ``cache du`` count the b
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,7 +28,8 @@ from mirror.service import MirrorService, ServiceCore
 from mirror.storage import open_store
 from mirror.storage.base import BlobStore
 from mirror.upstream import UpstreamClient
-from mirror.xet import XetCatalog
+from mirror.xet import XetCatalog, XetSigner
+from mirror.xet.tokens import FLEET_SECRET, SECRET_BYTES, load_secret
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Parts:
     admission: AdmissionGate | None = None  # the admission policy; None when no rule is configured
     metadata: MetadataStore | None = None  # the embedded default, or the fleet's database (metadata_url)
     busy: BusyMarks | None = None  # this process's busy marks for the fleet's evictions (metadata_url)
+    xet_signer: XetSigner | None = None  # signs the mirror's Xet tokens (serve_xet); its secret read at start
     _tasks: list[asyncio.Task[None]] = field(default_factory=list, repr=False, compare=False)
 
     async def open(self) -> None:
@@ -61,6 +64,8 @@ class Parts:
     async def start(self) -> None:
         """What a server does at startup: open the store, drop stale partial files, run the quota's gc loop."""
         await self.open()
+        if self.xet_signer is not None:
+            await self.xet_signer.open()  # its secret (a fleet's: once the database is open)
         await self.cache.sweep_partials()
         self.cache.prime()  # the first usage count, in a thread, so that the status page and /metrics find it
         if self.settings.scrub_rate > 0:
@@ -134,7 +139,20 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     # The status page and /metrics count the new blob at once.
     fills.on_commit.append(lambda spec: cache.committed(spec.repo, spec.commit, spec.etag, spec.size))
     return Parts(settings, layout, metrics, store, index, upstream, fills, access, cache, service, scrubber, admission,
-                 metadata, busy)
+                 metadata, busy, _xet_signer(settings, layout, metadata) if settings.serve_xet else None)
+
+
+def _xet_signer(settings: Settings, layout: CacheLayout, metadata: MetadataStore | None) -> XetSigner:
+    """The secret of the mirror's Xet tokens: the setting; else a fleet's, generated once in its database (every
+    node accepts every node's tokens); else this cache's own file, made on first use. Read when a server starts,
+    never by a command that only builds the parts."""
+    if settings.metadata_url and not settings.xet_signing_secret and metadata is not None:
+        return XetSigner(load=lambda: metadata.secret(FLEET_SECRET, os.urandom(SECRET_BYTES)))
+
+    async def own_secret() -> bytes:
+        return load_secret(layout.xet_secret, settings.xet_signing_secret)
+
+    return XetSigner(load=own_secret)
 
 
 def _busy(store: BlobStore, fills: FillManager) -> Callable[[str], bool]:

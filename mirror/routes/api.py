@@ -26,14 +26,15 @@ _AGENT_HARNESSES = json.dumps({"standardEnvVars": [], "harnesses": {}}).encode()
 
 class ApiHandler:
     def __init__(self, service: MirrorService, metrics: Metrics, *, max_paths_info: int,
-                 max_relay_bytes: int, body_timeout: float) -> None:
+                 max_relay_bytes: int, body_timeout: float,
+                 annotate: Callable[[hf.ApiTarget, ApiResult], ApiResult] | None = None) -> None:
         self.service = service
         self.metrics = metrics
         self.max_paths_info = max_paths_info
         self.max_relay_bytes = max_relay_bytes
         self.body_timeout = body_timeout
         # Xet (mirror.routes.xet): put upstream's xetHash back on tree / paths-info answers when Xet is served.
-        self.annotate: Callable[[hf.ApiTarget, ApiResult], ApiResult] | None = None
+        self.annotate = annotate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, raw_path: str,
                        target: hf.ApiTarget | None, caller: Caller, read: ReadRoute | None = None) -> Outcome:

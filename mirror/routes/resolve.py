@@ -57,7 +57,8 @@ class ResolveHandler:
     """Sends what the service decided: a cached file, a fill in progress, or bytes it relays from upstream."""
 
     def __init__(self, service: MirrorService, fills: FillManager, metrics: Metrics,
-                 *, chunk_size: int, accel_redirect: str | None) -> None:
+                 *, chunk_size: int, accel_redirect: str | None,
+                 xet_headers: Callable[[Scope, ResolvedFile], list[tuple[bytes, bytes]]] | None = None) -> None:
         self.service = service
         self.fills = fills
         self.metrics = metrics
@@ -65,7 +66,7 @@ class ResolveHandler:
         self.accel_redirect = accel_redirect
         self._counted: dict[Outcome, Counter] = {}  # the labelled counters, made on first use (as labels() would)
         # Xet (mirror.routes.xet): X-Xet-Hash and the mirror's xet-auth link for files upstream marks as Xet-backed.
-        self.xet_headers: Callable[[Scope, ResolvedFile], list[tuple[bytes, bytes]]] | None = None
+        self.xet_headers = xet_headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, target: hf.ResolveTarget,
                        caller: Caller) -> Outcome:
