@@ -5,10 +5,10 @@ The house, in layers; a module imports only from its own layer or the ones above
 
     values and the wire contract  config, errors, hf, hubjson, routetable, layout (every path of the cache, named
                                   once), integrity, metrics, logs, asgi   (no I/O)
-    adapters                      index (the one key schema), storage/ (local, s3/), metadata/ (embedded, postgres),
-                                  upstream/ (the Hub client)
-    policy                        access, admission/, auth, fill/, service/, viewer/, xet/
-                                  (no web framework, no HTTP)
+    adapters                      index (the one key schema), storage/ (local, s3/), metadata/ (embedded, postgres:
+                                  leases, what a fleet shares, busy marks), upstream/ (the Hub client)
+    policy                        access, admission/, auth, fill/, service/ (MirrorService delegating to its sides
+                                  over one ServiceCore), viewer/, xet/   (no web framework, no HTTP)
     edges                         routes/, sync/, cache/, status/, audit/   (turn policy into bytes, runs, reports)
     the one wiring                parts (build_parts: every part from Settings), app (ASGI), front (a path prefix),
                                   server (uvicorn)
