@@ -198,19 +198,23 @@ class FileService:
         path = self.store.cached_path(entry.etag)
         if path is not None:
             return str(path)
+        await self._may_fill(resolved)
+        spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
+                        token=self.fill_token(resolved, caller), cdn_url=resolved.cdn_url, detached=True)
+        return str(await self.fills.fetch(spec))
+
+    async def _may_fill(self, resolved: ResolvedFile) -> None:
+        """Refuse, before any byte is sent, a file not stored that cannot be fetched now: offline, or (a fleet) its
+        lease would come from a database that failed a moment ago (a clear 503, not a response cut later)."""
+        entry = resolved.entry
         if self.settings.offline and await self.store.stat(entry.etag) is None:
             raise OfflineMiss(f"{entry.path} is not cached and the mirror is offline")
         if (self.shared is not None and self.shared.down and self.settings.storage == "s3"
                 and not self.fills.is_filling(entry.etag) and await self.store.stat(entry.etag) is None):
-            # A new fill needs its lease from the fleet's database, which failed a moment ago: a clear 503 now,
-            # rather than a response cut once the lease cannot be had.
             log.warning("not filling %s %s: the fleet's metadata database is unreachable", resolved.repo.key,
                         entry.path)
             raise MetadataUnavailable(f"{entry.path} is not cached and the fleet's metadata database is unreachable, "
                                       "so it cannot be fetched now; try again later")
-        spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
-                        token=self.fill_token(resolved, caller), cdn_url=resolved.cdn_url, detached=True)
-        return str(await self.fills.fetch(spec))
 
     async def head_outcome(self, resolved: ResolvedFile) -> Outcome:
         """The outcome a HEAD reports: a hit only when the blob is stored, on this disk (one stat) or else in the
@@ -239,16 +243,7 @@ class FileService:
             if self.on_hit is not None:
                 self.on_hit(entry.etag)
             return Cached(str(path), _STALE if stale else _HIT)
-        if self.settings.offline and await self.store.stat(entry.etag) is None:
-            raise OfflineMiss(f"{entry.path} is not cached and the mirror is offline")
-        if (self.shared is not None and self.shared.down and self.settings.storage == "s3"
-                and not self.fills.is_filling(entry.etag) and await self.store.stat(entry.etag) is None):
-            # A new fill needs its lease from the fleet's database, which failed a moment ago: a clear 503 now,
-            # rather than a response cut once the lease cannot be had.
-            log.warning("not filling %s %s: the fleet's metadata database is unreachable", resolved.repo.key,
-                        entry.path)
-            raise MetadataUnavailable(f"{entry.path} is not cached and the fleet's metadata database is unreachable, "
-                                      "so it cannot be fetched now; try again later")
+        await self._may_fill(resolved)
         spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
                         token=self.fill_token(resolved, caller),
                         cdn_url=resolved.cdn_url, detached=detached)
