@@ -119,7 +119,10 @@ def validate_path(path: str, *, allow_empty: bool = False) -> str:
 
 
 def _decode(segment: str) -> str:
-    return unquote(segment, errors="strict")
+    try:
+        return unquote(segment, errors="strict")
+    except UnicodeDecodeError as exc:  # a percent escape that is not UTF-8: not a path the Hub has
+        raise BadRequest(f"Invalid percent-encoding in {segment[:200]!r}") from exc
 
 
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
