@@ -103,6 +103,8 @@ class FillManager:
         if fill is not None:
             if not self._ranged(spec, reading):
                 fill.wants_whole()
+            elif fill.sparse and reading is not None:
+                fill.ask(*reading)  # the Range's windows and the read-ahead after it, at once
             return fill
         if self.store.cached_path(spec.etag) is not None:
             return None
@@ -110,6 +112,8 @@ class FillManager:
         if in_windows(self.upstream.settings, spec.size):
             fill.windowed = None  # windows, if this process leads the fill (known once it holds the lease)
             fill.sparse = self._ranged(spec, reading)
+            if fill.sparse and reading is not None:
+                fill.ask(*reading)
         self._fills[spec.etag] = fill
         fill.task = asyncio.create_task(self._drive(fill), name=f"fill:{spec.etag[:12]}")
         return fill

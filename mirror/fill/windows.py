@@ -153,8 +153,8 @@ class WindowedFill:
         fill = self.fill
         fill.run_end, fill.want, fill.windowed = self.run_end, self.want, True
         fill.complete_all = self.complete_all
-        for offset in fill.wanted:  # asked before the windows began
-            self.want(offset)
+        for first, last in fill.wanted:  # asked before the windows began
+            self.want(first, last)
         fill.wanted.clear()
         loop = asyncio.get_running_loop()
         workers = [loop.create_task(self._worker()) for _ in range(min(self.connections, len(self.windows)))]
@@ -198,11 +198,12 @@ class WindowedFill:
                 break
         return max(end, position)
 
-    def want(self, position: int) -> None:
-        """A reader waits for ``position``: its window goes next if no worker has taken it."""
-        if position >= self.base:
-            last = position + (self.read_ahead if self.fill.sparse else 0)
-            first = (position - self.base) // self.window_size
+    def want(self, position: int, last: int) -> None:
+        """A reader waits for ``position`` (and reads on to ``last``): the windows of those bytes, and of a sparse
+        fill's read-ahead past them, go next if no worker has taken them."""
+        if last >= self.base:
+            last += self.read_ahead if self.fill.sparse else 0
+            first = (max(position, self.base) - self.base) // self.window_size
             for index in range(first, min((last - self.base) // self.window_size + 1, len(self.windows))):
                 if not self.windows[index].started:
                     self._wanted.add(index)
