@@ -11,8 +11,10 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from mirror.errors import BadRequest, ConfigError, IntegrityError, RepoPinned
+from mirror.fill.copy import drop_partial, windows_path
 from mirror.hf import RepoRef, RepoType, validate_repo_id, validate_revision
 from mirror.integrity import hash_file
 from mirror.storage.base import BlobInfo
@@ -55,6 +57,15 @@ def repo_at_revision(text: str, default_type: str = "model") -> tuple[RepoRef, s
     return repo, revision
 
 
+def _last_use(partial: str) -> float:
+    """When a partial file was last written, or (a sparse one) its windows last read: its map's mtime."""
+    times = []
+    for path in (partial, windows_path(Path(partial))):
+        with contextlib.suppress(FileNotFoundError):
+            times.append(os.stat(path).st_mtime)
+    return max(times, default=0.0)
+
+
 class Maintenance:
     """The maintenance half of :class:`mirror.cache.manager.CacheManager` (it holds the state these share)."""
 
@@ -81,19 +92,19 @@ class Maintenance:
         removed = 0
         now = time.time()
         for entry in os.scandir(partials_dir):
-            if entry.name.endswith(".part.prefix"):  # a parallel fill's progress note, orphaned by a crash
-                if not os.path.exists(entry.path[: -len(".prefix")]):
+            note = next((n for n in (".part.prefix", ".part.windows") if entry.name.endswith(n)), None)
+            if note is not None:  # a parallel fill's progress note or a sparse file's map, orphaned by a crash
+                if not os.path.exists(entry.path[: -len(note) + len(".part")]):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(entry.path)
                 continue
             if not entry.name.endswith(".part"):
                 continue
             etag = entry.name[: -len(".part")]
-            if await self.store.stat(etag) is not None or now - entry.stat().st_mtime > _PARTIAL_MAX_AGE:
+            # A sparse file's windows are the quota's to evict (least recently used, like blobs), not a week's.
+            if await self.store.stat(etag) is not None or now - _last_use(entry.path) > _PARTIAL_MAX_AGE:
                 if await self.store.read_lease(etag) is None:
-                    os.unlink(entry.path)
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path + ".prefix")
+                    drop_partial(Path(entry.path))
                     removed += 1
         return removed
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 from collections import defaultdict
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from pathlib import Path
 from mirror.cache.maintenance import Maintenance
 from mirror.cache.usage import UsageReports, UsageSnapshot
 from mirror.errors import MirrorError
+from mirror.fill.copy import SparsePartial, drop_partial, sparse_partials
 from mirror.index import MetadataIndex
 from mirror.metadata import MetadataStore
 from mirror.metrics import Metrics
@@ -23,6 +25,8 @@ log = logging.getLogger("hf_mirror.cache")
 
 # A fill that would pass the quota evicts down to this share of it: one pass makes room for several fills.
 _QUOTA_LOW_WATER = 0.95
+_EVICTOR = f"gc:{os.getpid()}"  # the owner named in the lease taken to evict a sparse partial file
+_EVICT_LEASE_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,24 @@ class CacheManager(UsageReports, Maintenance):
     async def blobs(self) -> list[BlobInfo]:
         return [info async for info in self.store.list_blobs()]
 
+    async def sparse(self) -> list[SparsePartial]:
+        """The partial files holding windows of files never completed (sparse fills): in the quota like blobs."""
+        found = await asyncio.to_thread(sparse_partials, self.store.partials_dir)
+        self.metrics.sparse_files.set(len(found))
+        self.metrics.sparse_bytes.set(sum(s.held for s in found))
+        return found
+
+    async def _drop_sparse(self, item: SparsePartial) -> bool:
+        """Evict a sparse partial file nobody fills: under its lease, so no fill opens it meanwhile."""
+        if self.is_busy(item.etag) or not await self.store.acquire_lease(item.etag, _EVICTOR, _EVICT_LEASE_SECONDS):
+            return False
+        try:
+            drop_partial(item.partial)  # three unlinks, on the loop: no fill of this process starts in between
+        finally:
+            await self.store.release_lease(item.etag, _EVICTOR)
+        log.info("evicted the windows of %s (%d bytes held, a sparse file never completed)", item.etag, item.held)
+        return True
+
     def blob_repos(self) -> dict[str, set[tuple[str, str]]]:
         """etag -> the repos whose cached file entries name it. A scan of the index: call it in a thread."""
         owners: dict[str, set[tuple[str, str]]] = defaultdict(set)
@@ -84,7 +106,8 @@ class CacheManager(UsageReports, Maintenance):
         limit = max_size if max_size is not None else self._blob_quota()
         async with self._lock:
             blobs = await self.blobs()
-            total = sum(b.size for b in blobs)
+            sparse = await self.sparse()
+            total = sum(b.size for b in blobs) + sum(s.held for s in sparse)
             if free > 0:
                 limit = max(min(limit or total, total - free), 1)
             self._update_gauges(blobs)
@@ -98,10 +121,19 @@ class CacheManager(UsageReports, Maintenance):
                 return GcReport(0, 0, total)
             owners = await asyncio.to_thread(self.blob_repos)
             gone: list[BlobInfo] = []
-            for blob in sorted(blobs, key=lambda b: b.last_access):
+            dropped = 0
+            # Blobs and the windows of sparse files never completed, least recently used first, alike.
+            candidates: list[BlobInfo | SparsePartial] = [*blobs, *sparse]
+            for blob in sorted(candidates, key=lambda b: b.last_access):
                 if total <= limit:
                     break
                 if self.is_busy(blob.etag) or owners.get(blob.etag, set()) & pinned or blob.etag in fleet_pinned:
+                    continue
+                if isinstance(blob, SparsePartial):
+                    if await self._drop_sparse(blob):
+                        total -= blob.held
+                        dropped += blob.held
+                        self.metrics.evictions.inc()
                     continue
                 if await self.store.delete(blob.etag):
                     total -= blob.size
@@ -110,11 +142,13 @@ class CacheManager(UsageReports, Maintenance):
             evicted, freed = len(gone), sum(b.size for b in gone)
             if gone:
                 self.evicted(gone, owners)
+            if dropped:
+                await self.sparse()  # the gauges
             if total > limit:
                 log.warning("cache is %d bytes, over the %d quota: the rest is pinned or in use", total, limit)
-            self.metrics.cache_bytes.set(total)
+            self.metrics.cache_bytes.set(total - sum(s.held for s in sparse) + dropped)
             self._used = total
-            return GcReport(evicted, freed, total)
+            return GcReport(evicted, freed + dropped, total)
 
     async def make_room(self, size: int, reserved: int) -> bool:
         """Room for a new blob of ``size`` bytes beside ``reserved`` bytes that fills in progress have yet to write:
@@ -123,7 +157,7 @@ class CacheManager(UsageReports, Maintenance):
         room (the caller relays the file without storing it; the quota alone never refuses a file)."""
         if self.max_size:
             if self._used is None:
-                self._used = sum(b.size for b in await self.blobs())
+                self._used = sum(b.size for b in await self.blobs()) + sum(s.held for s in await self.sparse())
             over = self._used + reserved + size - (self._blob_quota() or 0)
             if over > 0:
                 report = await self.collect(free=over + int(self.max_size * (1 - _QUOTA_LOW_WATER)))

@@ -243,3 +243,54 @@ def read_windows(partial: Path, fd: int) -> tuple[int, list[tuple[int, int]]] | 
     if inode != stat.st_ino or any(b > stat.st_size for _, b in held):
         return None
     return window, held
+
+
+def touch_windows(partial: Path) -> None:
+    """A sparse partial file was read (a ranged read of its windows): its map's mtime is its last use, what the quota's
+    LRU orders it by beside the blobs."""
+    with contextlib.suppress(FileNotFoundError):
+        os.utime(windows_path(partial))
+
+
+@dataclass(frozen=True)
+class SparsePartial:
+    """A partial file that holds windows (a sparse fill never completed), as the quota and the status see it."""
+
+    etag: str
+    partial: Path
+    held: int  # bytes its windows hold (its disk usage, the holes aside)
+    last_access: float  # the map's mtime: its last window fetched, or its last ranged read (touch_windows)
+
+
+def sparse_partials(partials_dir: Path) -> list[SparsePartial]:
+    """Every partial file under ``partials_dir`` with a valid windows map (blocking: call it in a thread)."""
+    found: list[SparsePartial] = []
+    try:
+        entries = list(os.scandir(partials_dir))
+    except FileNotFoundError:
+        return found
+    suffix = ".part.windows"
+    for entry in entries:
+        if not entry.name.endswith(suffix):
+            continue
+        partial = Path(entry.path[: -len(".windows")])
+        try:
+            fd = os.open(partial, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            held = read_windows(partial, fd)
+            mtime = entry.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        finally:
+            os.close(fd)
+        if held is not None:
+            found.append(SparsePartial(entry.name[: -len(suffix)], partial, sum(b - a for a, b in held[1]), mtime))
+    return found
+
+
+def drop_partial(partial: Path) -> None:
+    """Remove a partial file and its notes (prefix, windows map): the map first, so nothing lists bytes gone."""
+    for path in (windows_path(partial), prefix_path(partial), partial):
+        path.unlink(missing_ok=True)

@@ -211,8 +211,12 @@ class FileService(ServiceCore):
         spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
                         token=self.fill_token(resolved, caller),
                         cdn_url=resolved.cdn_url, detached=detached)
-        if (self.make_room is not None and not self.settings.offline and not self.fills.is_filling(entry.etag)
-                and not await self.make_room(entry.size, self.fills.bytes_to_write)):
+        # Room for what the fill will write: the file, or a sparse fill's windows for this Range (a full download
+        # joining a sparse fill makes room for the file then).
+        running = self.fills.get(entry.etag)
+        if (self.make_room is not None and not self.settings.offline and (running is None or running.sparse)
+                and not await self.make_room(self.fills.room_for(entry.size, start, end),
+                                             self.fills.bytes_to_write)):
             log.warning("no disk room for %s %s (%d bytes): relaying it without storing it", resolved.repo.key,
                         entry.path, entry.size)
             return Relay(resolved, caller.token, start, end, _STALE if stale else _PASSTHROUGH)
