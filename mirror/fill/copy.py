@@ -161,14 +161,19 @@ def resume_offset(fd: int, size: int, hasher: BlobHasher, chunk_size: int, parti
     """Hash what a previous fill left in the partial file, and continue after it.
 
     A parallel fill's partial file holds windows beyond its contiguous prefix: its prefix file says how far the
-    bytes are contiguous, and the rest is cut (those windows are fetched again)."""
+    bytes are contiguous, and the rest is cut (those windows are fetched again). A sparse one keeps them, listed in
+    its windows map, and keeps its prefix file too (a kill -9 while the prefix is hashed must not leave a map
+    without it: its holes would pass for bytes); a map without a prefix file trusts no prefix at all."""
     existing = os.fstat(fd).st_size
     prefix = read_prefix(partial) if partial is not None else None
+    sparse = partial is not None and read_windows(partial, fd) is not None
+    if sparse and prefix is None:
+        prefix = 0
     if prefix is not None:
         existing = min(existing, prefix)
-        if read_windows(partial, fd) is None:  # type: ignore[arg-type]
-            os.ftruncate(fd, existing)  # windows beyond the prefix are fetched again; a map keeps them (sparse)
-        prefix_path(partial).unlink(missing_ok=True)  # type: ignore[arg-type]
+        if not sparse:
+            os.ftruncate(fd, existing)  # windows beyond the prefix are fetched again
+            prefix_path(partial).unlink(missing_ok=True)  # type: ignore[arg-type]
     if existing > size:
         os.ftruncate(fd, 0)
         return 0

@@ -95,6 +95,7 @@ class WindowedFill:
         self.read_ahead = read_ahead  # sparse: bytes past a wanted position fetched with it
         self.complete_share = complete_share  # sparse: the share of the file held that has the rest fetched too
         self._windows_written_at = 0.0
+        self._map_due: asyncio.TimerHandle | None = None  # a map write put off by the rate limit, still to come
         self._held_from_map(offset)
         self._wanted: set[int] = set()  # windows a reader waits for, taken before the next in order
         self.contiguous = offset  # bytes on disk without a hole
@@ -136,11 +137,19 @@ class WindowedFill:
         return sum(w.done - w.start for w in self.windows)
 
     def _write_map(self, force: bool = False) -> None:
+        """List the windows held in the map; at most every ``_WINDOWS_FILE_SECONDS``, a write put off coming at the
+        end of that time (a window completed is listed within it: a kill -9 then loses no more)."""
         now = time.monotonic()
         if force or now - self._windows_written_at >= _WINDOWS_FILE_SECONDS:
+            if self._map_due is not None:
+                self._map_due.cancel()
+                self._map_due = None
             self._windows_written_at = now
             write_windows(self.fill.partial, self.fd, self.window_size,
                           [(w.start, w.done) for w in self.windows if w.done > w.start])
+        elif self._map_due is None:
+            self._map_due = asyncio.get_running_loop().call_later(
+                _WINDOWS_FILE_SECONDS - (now - self._windows_written_at), self._write_map, True)
 
     def complete_all(self) -> None:
         """The whole file is wanted now (a full download, the sync, or the share policy): fetch every window."""
@@ -181,6 +190,9 @@ class WindowedFill:
             await asyncio.wait(tasks)
             if any(w.done > w.start for w in self.windows if w.start >= self.contiguous):
                 self._write_map(force=True)  # windows beyond the prefix stay for the next fill
+            if self._map_due is not None:  # never after the partial file became the blob
+                self._map_due.cancel()
+                self._map_due = None
 
     # --- windows -------------------------------------------------------------------------------------------------
 
