@@ -22,6 +22,7 @@ import pytest
 from tests.support.hub_emulator.fixtures import generated_bytes
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.support.mirror_proc import MirrorProcess, blob, download, metric, wait_for
+from tests.support.xet_ranges import CHUNK, CasReader
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +37,6 @@ READ_AHEAD = 4 * MIB
 RANGE = 8 * MIB
 SPARSE = ("--parallel-fill-threshold", "64MiB", "--fill-window", "4MiB", "--sparse-fill-threshold", "64MiB",
           "--sparse-read-ahead", "4MiB")
-CHUNK, FRAME = 64 * 1024, 64 * 1024 + 8  # the mirror's virtual xorbs: 64 KiB chunks, each after an 8-byte header
 
 
 @pytest.fixture(scope="module")
@@ -73,42 +73,12 @@ def windows_of(start: int, end: int) -> list[tuple[int, int]]:
     return [(w, min(w + WINDOW, SIZE)) for w in range(start - start % WINDOW, last + 1, WINDOW)]
 
 
-def unframe(data: bytes) -> bytes:
-    """A xorb range's file bytes: each chunk's 8-byte header (its lengths, u24 LE at 1 and 5) dropped."""
-    out, position = bytearray(), 0
-    while position < len(data):
-        length = int.from_bytes(data[position + 1:position + 4], "little")
-        out += data[position + 8:position + 8 + length]
-        position += 8 + length
-    return bytes(out)
-
-
-class Cas:
-    """Ranged reads of huge.bin through a mirror's Xet CAS: a read token, a reconstruction of the Range, its xorbs."""
+class Cas(CasReader):
+    """Ranged reads of huge.bin through a mirror's Xet CAS."""
 
     def __init__(self, emu: EmulatorHandle, mirror: MirrorProcess) -> None:
-        commit = emu.files.commit("dataset", HUGE, "main")
-        self.xet_hash = emu.files._file("dataset", HUGE, "main", "huge.bin").xet_hash  # noqa: SLF001
-        answer = httpx.get(f"{mirror.url}/api/datasets/{HUGE}/xet-read-token/{commit}", timeout=30)
-        assert answer.status_code == 200, answer.text
-        self.mirror = mirror
-        self.auth = {"authorization": f"Bearer {answer.json()['accessToken']}"}
-
-    def read(self, start: int, end: int) -> tuple[bytes, list[str]]:
-        """File bytes from ``start``'s chunk through ``end`` (inclusive), and each xorb answer's X-Mirror-Cache."""
-        answer = httpx.get(f"{self.mirror.url}/_xet/v2/reconstructions/{self.xet_hash}",
-                           headers={**self.auth, "range": f"bytes={start}-{end}"}, timeout=30)
-        assert answer.status_code == 200, answer.text
-        data, outcomes = bytearray(), []
-        for term in answer.json()["terms"]:
-            for fetch in answer.json()["xorbs"][term["hash"]]:
-                for span in fetch["ranges"]:
-                    got = httpx.get(fetch["url"], timeout=60,
-                                    headers={"range": f"bytes={span['bytes']['start']}-{span['bytes']['end']}"})
-                    assert got.status_code == 206, got.text
-                    data += unframe(got.content)
-                    outcomes.append(got.headers["x-mirror-cache"])
-        return bytes(data), outcomes
+        xet_hash = emu.files._file("dataset", HUGE, "main", "huge.bin").xet_hash  # noqa: SLF001
+        super().__init__(mirror.url, "dataset", HUGE, emu.files.commit("dataset", HUGE, "main"), xet_hash)
 
 
 def check(data: bytes, start: int, end: int) -> None:
