@@ -193,9 +193,11 @@ class FileService(ServiceCore):
         return _HIT if stored else _MISS
 
     async def open_blob(self, resolved: ResolvedFile, caller: Caller, start: int, end: int,
-                        detached: bool = False) -> BlobSource:
+                        detached: bool = False, whole: bool = False) -> BlobSource:
         """Where the bytes ``start..end`` of the file come from: its file on this disk, the fill producing it (from
-        upstream, or from a remote store), or upstream directly (no disk room; a Range far beyond the fill)."""
+        upstream, or from a remote store), or upstream directly (no disk room; a Range far beyond the fill).
+        ``whole``: these bytes are part of a download of the whole file (a Xet client's xorb ranges of a whole-file
+        reconstruction): the fill fetches every byte, never sparse."""
         if self.admission is not None:
             await self.admit_bytes(resolved, caller)
         entry = resolved.entry
@@ -215,12 +217,12 @@ class FileService(ServiceCore):
         # joining a sparse fill makes room for the file then).
         running = self.fills.get(entry.etag)
         if (self.make_room is not None and not self.settings.offline and (running is None or running.sparse)
-                and not await self.make_room(self.fills.room_for(entry.size, start, end),
+                and not await self.make_room(entry.size if whole else self.fills.room_for(entry.size, start, end),
                                              self.fills.bytes_to_write)):
             log.warning("no disk room for %s %s (%d bytes): relaying it without storing it", resolved.repo.key,
                         entry.path, entry.size)
             return Relay(resolved, caller.token, start, end, _STALE if stale else _PASSTHROUGH)
-        fill = await self.fills.start(spec, reading=(start, end))
+        fill = await self.fills.start(spec, reading=None if whole else (start, end))
         if fill is None:  # on this disk meanwhile
             path = self.store.cached_path(entry.etag)
             if path is not None:
@@ -249,12 +251,12 @@ class FileService(ServiceCore):
         return await self.head_outcome(self._lfs_file(repo, commit, path, etag, size))
 
     async def open_xorb(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int, caller: Caller,
-                        start: int, end: int) -> BlobSource:
+                        start: int, end: int, whole: bool = False) -> BlobSource:
         """Where the bytes ``start..end`` of an LFS file framed into a Xet xorb come from (the CAS's signed range
         names the file): as :meth:`open_blob` decides, detached from the request; but a relay that would carry the
         file's last byte reads the fill in progress instead, when there is one (only a verified fill ends a file)."""
         source = await self.open_blob(self._lfs_file(repo, commit, path, etag, size), caller, start, end,
-                                      detached=True)
+                                      detached=True, whole=whole)
         if type(source) is Relay and end + 1 == size:
             fill = self.fills.get(etag)
             if fill is not None:

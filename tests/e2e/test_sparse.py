@@ -230,3 +230,36 @@ def test_a_sparse_file_completes_once_its_share_is_held(emu: EmulatorHandle, tmp
         wait_for(lambda: blob(cache, huge_sha(emu)).exists(), timeout=120)
         wait_for(lambda: metric(mirror, "hf_mirror_fills_total", result="ok") == 1)
     assert emu.stats()["bytes_served"] == SIZE
+
+
+WHOLE_CLIENT = """
+import json, hashlib
+from huggingface_hub import hf_hub_download
+path = hf_hub_download("{repo}", "huge.bin", repo_type="dataset")
+digest = hashlib.sha256()
+with open(path, "rb") as f:
+    while block := f.read(16 << 20):
+        digest.update(block)
+print(json.dumps(dict(sha=digest.hexdigest())))
+"""
+
+
+def test_a_whole_file_over_xet_is_filled_whole(emu: EmulatorHandle, tmp_path: Path) -> None:
+    """A reconstruction of the whole file is a whole download: its xorb ranges fill the whole file, never sparse
+    (the last byte waits for the verified blob). One xorb range of it read, the rest comes in the background; the
+    real client (hf_xet) then gets the file right, each byte from upstream once."""
+    pytest.importorskip("hf_xet")
+    from tests.support.mirror_proc import run_client
+
+    cache = tmp_path / "cache"
+    with MirrorProcess(emu.url, cache, *SPARSE) as mirror:
+        cas = Cas(emu, mirror)
+        data, outcomes = cas.read(0, MIB - 1)  # a Range: sparse, its window and read-ahead only
+        check(data, 0, MIB - 1)
+        assert emu.stats()["bytes_served"] == 2 * WINDOW
+        out = run_client(WHOLE_CLIENT.format(repo=HUGE), mirror.url, tmp_path / "home", timeout=300,
+                         HF_HUB_DISABLE_XET="0")
+        assert out["sha"] == huge_sha(emu)
+        wait_for(lambda: blob(cache, huge_sha(emu)).exists())
+        assert metric(mirror, "hf_mirror_requests_total", route="xet-xorb") > 1
+    assert emu.stats()["bytes_served"] == SIZE
