@@ -22,7 +22,7 @@ import pytest
 from tests.support.hub_emulator.fixtures import generated_bytes
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.support.mirror_proc import MirrorProcess, blob, download, metric, wait_for
-from tests.support.xet_ranges import CHUNK, CasReader
+from tests.support.xet_ranges import CasReader
 
 pytestmark = pytest.mark.e2e
 
@@ -82,17 +82,17 @@ class Cas(CasReader):
 
 
 def check(data: bytes, start: int, end: int) -> None:
-    """``data`` is the file's bytes from ``start``'s chunk through ``end``."""
-    first = start - start % CHUNK
-    assert len(data) == end + 1 - first
-    assert data == generated_bytes(first, end + 1), "a byte served wrong"
+    """``data`` is the file's bytes ``start..end``."""
+    assert len(data) == end + 1 - start
+    assert data == generated_bytes(start, end + 1), "a byte served wrong"
 
 
 def on_disk(path: Path) -> int:
     return path.stat().st_blocks * 512
 
 
-THREE = ((0, RANGE - 1), (SIZE // 2, SIZE // 2 + RANGE - 1), (SIZE - RANGE, SIZE - 1))  # the start, middle, end
+# The start, the middle (unaligned, across two virtual xorbs: two terms), the end.
+THREE = ((0, RANGE - 1), (141 * MIB + 4321, 141 * MIB + 4320 + RANGE), (SIZE - RANGE, SIZE - 1))
 
 
 def test_ranged_xet_reads_fetch_only_their_windows(emu: EmulatorHandle, tmp_path: Path) -> None:
@@ -108,7 +108,7 @@ def test_ranged_xet_reads_fetch_only_their_windows(emu: EmulatorHandle, tmp_path
         for start, end in THREE:
             data, outcomes = cas.read(start, end)
             check(data, start, end)
-            assert outcomes == ["miss"]
+            assert set(outcomes) == {"miss"}
         fetched = emu.stats()["bytes_served"]
         assert cdn_ranges(emu) == expected  # the windows of the three ranges and their read-ahead: each once
         assert fetched == sum(b - a for a, b in expected) <= 3 * (RANGE + WINDOW + READ_AHEAD)
@@ -116,7 +116,7 @@ def test_ranged_xet_reads_fetch_only_their_windows(emu: EmulatorHandle, tmp_path
         for start, end in THREE:  # again: hits, nothing more from upstream
             data, outcomes = cas.read(start, end)
             check(data, start, end)
-            assert outcomes == ["hit"]
+            assert set(outcomes) == {"hit"}
         assert emu.stats()["bytes_served"] == fetched
         wait_for(lambda: metric(mirror, "hf_mirror_fills_total", result="paused") >= 1)  # no reader left: paused
         wait_for(lambda: (metric(mirror, "hf_mirror_sparse_files"), metric(mirror, "hf_mirror_sparse_bytes"))
@@ -131,7 +131,7 @@ def test_ranged_xet_reads_fetch_only_their_windows(emu: EmulatorHandle, tmp_path
         for start, end in THREE:
             data, outcomes = cas.read(start, end)
             check(data, start, end)
-            assert outcomes == ["hit"]
+            assert set(outcomes) == {"hit"}
         assert emu.stats()["bytes_served"] == fetched
         status, sha, _, _ = asyncio.run(download(mirror.url + HUGE_URL))  # a full download: the rest only
         assert status == 200 and sha == huge_sha(emu)

@@ -32,8 +32,9 @@ class CasReader:
         self.auth = {"authorization": f"Bearer {answer.json()['accessToken']}"}
 
     def read(self, start: int, end: int) -> tuple[bytes, list[str]]:
-        """The file's bytes from ``start``'s chunk through ``end`` (inclusive), and each xorb answer's
-        X-Mirror-Cache."""
+        """The file's bytes ``start..end`` (inclusive), and each xorb answer's X-Mirror-Cache. The terms cover whole
+        chunks: the bytes before ``start`` in the first (``offset_into_first_range``) and past ``end`` in the last
+        are cut, as hf_xet cuts them."""
         answer = httpx.get(f"{self.mirror_url}/_xet/v2/reconstructions/{self.xet_hash}",
                            headers={**self.auth, "range": f"bytes={start}-{end}"}, timeout=self.timeout)
         if answer.status_code != 200:
@@ -49,4 +50,5 @@ class CasReader:
                         raise RuntimeError(f"xorb range: HTTP {got.status_code} {got.text[:300]}")
                     data += unframe(got.content)
                     outcomes.append(got.headers["x-mirror-cache"])
-        return bytes(data), outcomes
+        skip = plan["offset_into_first_range"]
+        return bytes(data[skip:skip + end + 1 - start]), outcomes
