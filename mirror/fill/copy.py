@@ -250,6 +250,19 @@ def read_windows(partial: Path, fd: int) -> tuple[int, list[tuple[int, int]]] | 
     return window, held
 
 
+def held_windows(partial: Path) -> list[tuple[int, int]]:
+    """The spans ``[start, done)`` a sparse partial file's map lists as on disk (none: no valid map). Blocking."""
+    try:
+        fd = os.open(partial, os.O_RDONLY)
+    except FileNotFoundError:
+        return []
+    try:
+        held = read_windows(partial, fd)
+    finally:
+        os.close(fd)
+    return [(a, b) for a, b in held[1] if b > a] if held is not None else []
+
+
 def touch_windows(partial: Path) -> None:
     """A sparse partial file was read (a ranged read of its windows): its map's mtime is its last use, what the quota's
     LRU orders it by beside the blobs."""

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from mirror.errors import FillPaused, LeaseLost, MirrorError, UpstreamUnavailable
-from mirror.fill.copy import touch_windows
+from mirror.fill.copy import held_windows, touch_windows
 from mirror.fill.download import download
 from mirror.fill.peer import Follower, PeerCopy
 from mirror.fill.state import Fill, FillSpec
@@ -124,6 +124,7 @@ class FillManager:
             fill.sparse = self._ranged(spec.size, reading)
             if fill.sparse and reading is not None:
                 fill.ask(*reading)
+                fill.follow_windows(held_windows(fill.partial))  # held already: readable before the lease is known
                 touch_windows(fill.partial)  # its held windows were used: the quota's LRU keeps them longer
         self._fills[spec.etag] = fill
         fill.task = asyncio.create_task(self._drive(fill), name=f"fill:{spec.etag[:12]}")

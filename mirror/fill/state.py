@@ -56,6 +56,7 @@ class Fill:
         # the whole file is wanted (``complete_all``, set while the windows run) or by the completion policy.
         self.sparse = False
         self.complete_all: Callable[[], None] | None = None
+        self.windows_seen = 0  # a follower of another process's sparse fill: the mtime of its map last read
         self._progress = asyncio.Event()
 
     @property
@@ -104,6 +105,26 @@ class Fill:
             self.sparse = False
             if self.complete_all is not None:
                 self.complete_all()
+
+    def follow_windows(self, held: list[tuple[int, int]]) -> None:
+        """Another process of this node leads this sparse fill (or none does yet): the windows its map lists as on
+        disk (``held``: ``[start, done)`` spans) are readable here too, so a Range on them is a hit in any process.
+        The process that leads the fill in windows replaces this with its own ``run_end``."""
+        runs: list[list[int]] = []
+        for start, done in sorted(held):
+            if runs and start <= runs[-1][1]:
+                runs[-1][1] = max(runs[-1][1], done)
+            else:
+                runs.append([start, done])
+
+        def run_end(position: int) -> int:
+            for start, done in runs:
+                if start <= position < done:
+                    return done
+            return position
+
+        self.run_end = run_end
+        self.progress()
 
     def holds(self, start: int, end: int) -> bool:
         """Whether bytes ``start..end`` (inclusive) are on disk already."""

@@ -228,7 +228,7 @@ class FileService(ServiceCore):
             if path is not None:
                 return Cached(str(path), _STALE if stale else _HIT)
             return Relay(resolved, caller.token, start, end, _STALE if stale else _PASSTHROUGH)
-        if start > fill.written + RANGE_RELAY_GAP and not self.settings.offline:
+        if start > fill.written + RANGE_RELAY_GAP and not self.settings.offline and not fill.holds(start, end):
             # A Range far beyond what the fill has. A fill in windows fetches that Range's window next: each byte
             # once. A single-stream fill (or another process's, whose prefix will not jump to it) has it relayed from
             # upstream while the fill goes on.

@@ -22,7 +22,7 @@ from mirror.errors import IntegrityError, UpstreamUnavailable
 from mirror.fill import Fill, FillManager, FillSpec
 from mirror.fill import resume as resume_module
 from mirror.fill import windows as windows_module
-from mirror.fill.copy import prefix_path, windows_path
+from mirror.fill.copy import held_windows, prefix_path, windows_path
 from mirror.metrics import Metrics
 from mirror.storage.local import LocalBlobStore
 from mirror.upstream import FileBody, RangeIgnored, UrlExpired
@@ -503,3 +503,27 @@ async def test_a_sparse_range_at_the_end_gets_its_last_byte_and_a_full_download_
             assert fill.readable_at(len(content) - 1) <= len(content) - 1
         path = await manager.fetch(spec)
     assert path.read_bytes() == content
+
+
+async def test_another_process_reads_the_windows_a_sparse_fill_holds(tmp_path: Path, short_linger: None) -> None:
+    """Two processes of one node (two managers, one cache): while one leads a sparse fill, a Range on the windows it
+    holds is a hit in the other (read from the shared partial file by its windows map), nothing asked upstream."""
+    window = 64 * KIB
+    content = content_of(8 * window)
+    spec = spec_of(content)
+    upstream = FakeUpstream(content, windows=window, connections=2, sparse=1, read_ahead=0)
+    start, end = 5 * window + 10, 6 * window + 20
+    async with fill_manager(tmp_path, upstream) as leader, fill_manager(tmp_path, upstream) as other:
+        fill = await leader.start(spec, reading=(start, end))
+        assert fill is not None
+        assert await read_range(leader, fill, start, end) == content[start:end + 1]
+        async with leader.reading(fill):  # a reader stays: the leader keeps its lease, its fill does not pause
+            partial = LocalBlobStore(tmp_path).partial_path(spec.etag)
+            while sum(b - a for a, b in held_windows(partial)) < 2 * window:  # the map lists both (within 0.2 s)
+                await asyncio.sleep(0.02)
+            asked = len(upstream.requests)
+            followed = await other.start(spec, reading=(start, end))
+            assert followed is not None and followed is not fill and followed.holds(start, end)
+            assert await read_range(other, followed, start, end) == content[start:end + 1]
+            assert len(upstream.requests) == asked == 2
+            assert not followed.holds(0, 10)  # a window the map does not list: not readable here
