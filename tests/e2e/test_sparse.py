@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,6 +129,11 @@ def test_ranged_xet_reads_fetch_only_their_windows(emu: EmulatorHandle, tmp_path
         page = httpx.get(mirror.url + "/", timeout=30).text
         assert '<span id="sparse-count">1</span> sparse files' in page
     assert not blob(cache, huge_sha(emu)).exists()
+    du = subprocess.run([sys.executable, "-m", "mirror", "cache", "du", "--json", "--cache-dir", str(cache)],
+                        capture_output=True, text=True, timeout=120, check=True)
+    usage = json.loads(du.stdout)  # the partial file as the disk holds it (its holes take nothing), sparse apart
+    assert (usage["sparse_files"], usage["sparse_bytes"]) == (1, fetched)
+    assert fetched <= usage["partial_bytes"] <= fetched + WINDOW
     with MirrorProcess(emu.url, cache, *SPARSE) as mirror:  # another process on the same disk
         cas = Cas(emu, mirror)
         for start, end in THREE:
