@@ -184,6 +184,11 @@ class Metrics:
                                  multiprocess_mode="mostrecent")
         self.cache_blobs = Gauge("hf_mirror_cache_blobs", "Number of committed blobs", registry=r,
                                  multiprocess_mode="mostrecent")
+        # Sparse files (ranged reads of large files never completed): partial files holding windows, apart from blobs.
+        self.sparse_files = Gauge("hf_mirror_sparse_files", "Partial files holding windows of files never completed "
+                                  "(sparse fills)", registry=r, multiprocess_mode="mostrecent")
+        self.sparse_bytes = Gauge("hf_mirror_sparse_bytes", "Bytes the windows of sparse files hold (in the quota)",
+                                  registry=r, multiprocess_mode="mostrecent")
         self.quota_bytes = Gauge("hf_mirror_quota_bytes", "The cache's quota (--max-size); 0 without one",
                                  registry=r, multiprocess_mode="max")
         self.disk_free_bytes = Gauge("hf_mirror_disk_free_bytes", "Free bytes on the cache directory's filesystem",

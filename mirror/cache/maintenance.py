@@ -12,8 +12,10 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from mirror.errors import BadRequest, ConfigError, RepoPinned
+from mirror.fill.copy import drop_partial
 from mirror.hf import RepoRef, RepoType, validate_repo_id, validate_revision
 from mirror.integrity import hash_file
 from mirror.layout import CacheLayout
@@ -59,6 +61,15 @@ def repo_at_revision(text: str, default_type: str = "model") -> tuple[RepoRef, s
     return repo, revision
 
 
+def _last_use(partial: str) -> float:
+    """When a partial file was last written, or (a sparse one) its windows last read: its map's mtime."""
+    times = []
+    for path in (partial, CacheLayout.windows_map(Path(partial))):
+        with contextlib.suppress(FileNotFoundError):
+            times.append(os.stat(path).st_mtime)
+    return max(times, default=0.0)
+
+
 class Maintenance:
     """The maintenance half of :class:`mirror.cache.manager.CacheManager` (it holds the state these share)."""
 
@@ -95,11 +106,10 @@ class Maintenance:
             etag = CacheLayout.etag_of_partial(entry.name)
             if etag is None:
                 continue
-            if await self.store.stat(etag) is not None or now - entry.stat().st_mtime > _PARTIAL_MAX_AGE:
+            # A sparse file's windows are the quota's to evict (least recently used, like blobs), not a week's.
+            if await self.store.stat(etag) is not None or now - _last_use(entry.path) > _PARTIAL_MAX_AGE:
                 if await self.store.read_lease(etag) is None:
-                    os.unlink(entry.path)
-                    for note in CacheLayout.notes(partials_dir / entry.name):
-                        note.unlink(missing_ok=True)
+                    drop_partial(Path(entry.path))
                     removed += 1
         return removed
 

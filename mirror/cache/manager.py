@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import time
 from collections import defaultdict
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from mirror.cache.maintenance import Maintenance
 from mirror.cache.usage import UsageReports, UsageSnapshot
 from mirror.errors import MirrorError
+from mirror.fill.copy import SparsePartial, drop_partial, sparse_partials
 from mirror.index import MetadataIndex
 from mirror.layout import CacheLayout
 from mirror.metadata import MetadataStore
@@ -31,6 +33,8 @@ log = logging.getLogger("hf_mirror.cache")
 
 # A fill that would pass the quota evicts down to this share of it: one pass makes room for several fills.
 _QUOTA_LOW_WATER = 0.95
+_EVICTOR = f"gc:{os.getpid()}"  # the owner named in the lease taken to evict a sparse partial file
+_EVICT_LEASE_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,24 @@ class CacheManager(UsageReports, Maintenance):
     async def blobs(self) -> list[BlobInfo]:
         return [info async for info in self.store.list_blobs()]
 
+    async def sparse(self) -> list[SparsePartial]:
+        """The partial files holding windows of files never completed (sparse fills): in the quota like blobs."""
+        found = await asyncio.to_thread(sparse_partials, self.store.partials_dir)
+        self.metrics.sparse_files.set(len(found))
+        self.metrics.sparse_bytes.set(sum(s.held for s in found))
+        return found
+
+    async def _drop_sparse(self, item: SparsePartial) -> bool:
+        """Evict a sparse partial file nobody fills: under its lease, so no fill opens it meanwhile."""
+        if self.is_busy(item.etag) or not await self.store.acquire_lease(item.etag, _EVICTOR, _EVICT_LEASE_SECONDS):
+            return False
+        try:
+            drop_partial(item.partial)  # three unlinks, on the loop: no fill of this process starts in between
+        finally:
+            await self.store.release_lease(item.etag, _EVICTOR)
+        log.info("evicted the windows of %s (%d bytes held, a sparse file never completed)", item.etag, item.held)
+        return True
+
     def blob_repos(self) -> dict[str, set[tuple[str, str]]]:
         """etag -> the repos whose cached file entries name it. A scan of the index: call it in a thread."""
         owners: dict[str, set[tuple[str, str]]] = defaultdict(set)
@@ -96,7 +118,8 @@ class CacheManager(UsageReports, Maintenance):
         limit = max_size if max_size is not None else self._blob_quota()
         async with self._lock:
             blobs = await self.blobs()
-            total = sum(b.size for b in blobs)
+            sparse = await self.sparse()
+            total = sum(b.size for b in blobs) + sum(s.held for s in sparse)
             if free > 0:
                 limit = max(min(limit or total, total - free), 1)
             self._update_gauges(blobs)
@@ -109,19 +132,41 @@ class CacheManager(UsageReports, Maintenance):
                 log.warning("gc skipped: the fleet's pins cannot be read (its database is down)")
                 return GcReport(0, 0, total)
             owners = await asyncio.to_thread(self.blob_repos)
-            candidates = [blob for blob in sorted(blobs, key=lambda b: b.last_access)
-                          if not (owners.get(blob.etag, set()) & pinned or blob.etag in fleet_pinned)]
-            gone = await self.evict_blobs(candidates, total - limit)
+            # Blobs and the windows of sparse files never completed, least recently used first, alike: runs of
+            # blobs go to evict_blobs (the fleet decides those), a sparse file's windows are this node's own.
+            gone: list[BlobInfo] = []
+            dropped = 0
+            run: list[BlobInfo] = []
+            for item in sorted([*blobs, *sparse], key=lambda b: b.last_access):
+                if owners.get(item.etag, set()) & pinned or item.etag in fleet_pinned:
+                    continue
+                if not isinstance(item, SparsePartial):
+                    run.append(item)
+                    continue
+                gone += await self._evict_run(run, total - sum(b.size for b in gone) - dropped - limit)
+                if total - sum(b.size for b in gone) - dropped <= limit:
+                    break
+                if not self.is_busy(item.etag) and await self._drop_sparse(item):
+                    dropped += item.held
+                    self.metrics.evictions.inc()
+            gone += await self._evict_run(run, total - sum(b.size for b in gone) - dropped - limit)
             evicted, freed = len(gone), sum(b.size for b in gone)
-            total -= freed
+            total -= freed + dropped
             self.metrics.evictions.inc(evicted)
             if gone:
                 self.evicted(gone, owners)
+            if dropped:
+                await self.sparse()  # the gauges
             if total > limit:
                 log.warning("cache is %d bytes, over the %d quota: the rest is pinned or in use", total, limit)
-            self.metrics.cache_bytes.set(total)
+            self.metrics.cache_bytes.set(total - sum(s.held for s in sparse) + dropped)
             self._used = total
-            return GcReport(evicted, freed, total)
+            return GcReport(evicted, freed + dropped, total)
+
+    async def _evict_run(self, run: list[BlobInfo], need: int) -> list[BlobInfo]:
+        """Evict from ``run`` (emptied) while ``need`` bytes are still over the quota."""
+        candidates, run[:] = list(run), []
+        return await self.evict_blobs(candidates, need) if candidates and need > 0 else []
 
     async def evict_blobs(self, candidates: Sequence[BlobInfo], need: int | None) -> list[BlobInfo]:
         """Delete ``candidates`` (least recently used first) until ``need`` bytes are gone (None: every one allowed),
@@ -181,7 +226,7 @@ class CacheManager(UsageReports, Maintenance):
         room (the caller relays the file without storing it; the quota alone never refuses a file)."""
         if self.max_size:
             if self._used is None:
-                self._used = sum(b.size for b in await self.blobs())
+                self._used = sum(b.size for b in await self.blobs()) + sum(s.held for s in await self.sparse())
             over = self._used + reserved + size - (self._blob_quota() or 0)
             if over > 0:
                 report = await self.collect(free=over + int(self.max_size * (1 - _QUOTA_LOW_WATER)))

@@ -31,6 +31,10 @@ class UsageSnapshot:
     total_bytes: int
     total_blobs: int
     repos: tuple[RepoUsage, ...]
+    # Partial files holding windows of files never completed (sparse fills), and the bytes they hold: apart from the
+    # blobs (not in ``total_bytes``), in the quota all the same.
+    sparse_files: int = 0
+    sparse_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,8 @@ class UsageReports:
             repos[at] = RepoUsage(u.type, u.repo_id, u.files + 1, u.bytes + size, commits, now, u.pinned)
         else:
             repos.insert(at, RepoUsage(key[0], key[1], 1, size, (commit,), now, False))
-        self._snapshot = UsageSnapshot(snap.taken_at, snap.total_bytes + size, snap.total_blobs + 1, tuple(repos))
+        self._snapshot = UsageSnapshot(snap.taken_at, snap.total_bytes + size, snap.total_blobs + 1, tuple(repos),
+                                       snap.sparse_files, snap.sparse_bytes)
 
     def evicted(self, gone: list[BlobInfo], owners: dict[str, set[tuple[str, str]]]) -> None:
         """Blobs were evicted (``owners``: etag -> the repos naming it): the tally drops them at once."""
@@ -148,7 +153,8 @@ class UsageReports:
             repos.append(u)
         freed = sum(b.size for b in gone)
         self._snapshot = UsageSnapshot(snap.taken_at, max(0, snap.total_bytes - freed),
-                                       max(0, snap.total_blobs - len(gone)), tuple(repos))
+                                       max(0, snap.total_blobs - len(gone)), tuple(repos), snap.sparse_files,
+                                       snap.sparse_bytes)
 
     def _stored_snapshot(self) -> tuple[UsageSnapshot | None, float]:
         """The snapshot the last run kept in the index, and how long its count took."""
@@ -161,11 +167,12 @@ class UsageReports:
         started, generation = time.monotonic(), self._generation
         blobs = {b.etag: b for b in await self.blobs()}  # a thread per shard (the store's list_blobs)
         repos = await asyncio.to_thread(self._scan_usage, blobs)
-        total = sum(b.size for b in blobs.values())
+        sparse = await self.sparse()
+        total, held = sum(b.size for b in blobs.values()), sum(s.held for s in sparse)
         self.metrics.cache_bytes.set(total)
         self.metrics.cache_blobs.set(len(blobs))
-        self._used = total
-        snapshot = self._snapshot = UsageSnapshot(time.time(), total, len(blobs), tuple(repos))
+        self._used = total + held
+        snapshot = self._snapshot = UsageSnapshot(time.time(), total, len(blobs), tuple(repos), len(sparse), held)
         self._scan_seconds, self._snapshot_generation = time.monotonic() - started, generation
         await asyncio.to_thread(self.index.put_usage, (snapshot, self._scan_seconds))
         return snapshot
@@ -210,4 +217,4 @@ class UsageReports:
             repos.append(usage)
         blobs, freed_bytes = freed or (0, 0)
         self._snapshot = UsageSnapshot(snap.taken_at, snap.total_bytes - freed_bytes, snap.total_blobs - blobs,
-                                       tuple(repos))
+                                       tuple(repos), snap.sparse_files, snap.sparse_bytes)

@@ -114,7 +114,10 @@ async def _du(parts: Parts, args: argparse.Namespace) -> int:
     orphan = [b for b in blobs if b.etag not in owners]
     partials = [p for p in parts.layout.partials_dir.glob("*")  # this node's disk, for either store
                 if CacheLayout.is_partial(p.name)]
-    partial_bytes = sum(p.stat().st_size for p in partials if p.exists())
+    # The disk they take: a sparse one (ranged reads of a large file) is as long as the file, its holes take nothing.
+    partial_bytes = sum(p.stat().st_blocks * 512 for p in partials if p.exists())
+    sparse = await parts.cache.sparse()
+    sparse_bytes = sum(s.held for s in sparse)
     by_type: dict[str, int] = {}
     for b in blobs:
         for repo_type in {t for t, _ in owners.get(b.etag, set())} or {"(no repo)"}:
@@ -125,6 +128,7 @@ async def _du(parts: Parts, args: argparse.Namespace) -> int:
         "pinned_bytes": pinned_bytes, "unpinned_bytes": total - pinned_bytes,
         "unreferenced_blobs": len(orphan), "unreferenced_bytes": sum(b.size for b in orphan),
         "partials": len(partials), "partial_bytes": partial_bytes,
+        "sparse_files": len(sparse), "sparse_bytes": sparse_bytes,
         "index_bytes": _dir_bytes(parts.layout.index_dir),
         "max_size": parts.settings.max_size, "by_type": by_type,
     }
@@ -143,9 +147,12 @@ async def _du(parts: Parts, args: argparse.Namespace) -> int:
     console.print(f"    unreferenced {len(orphan):>5}  {format_size(data['unreferenced_bytes']):>10}  (no index entry)")
     console.print(f"  partials   {len(partials):>8}  {format_size(partial_bytes):>10}  "
                   "(fills in progress or resumable)")
+    console.print(f"    sparse   {len(sparse):>8}  {format_size(sparse_bytes):>10}  "
+                  "(windows of ranged reads, never completed: in the quota)")
     console.print(f"  index               {format_size(data['index_bytes']):>10}")
     if quota:
-        console.print(f"  quota               {format_size(quota):>10}  ({100 * total / quota:.0f}% used)")
+        console.print(f"  quota               {format_size(quota):>10}  ({100 * (total + sparse_bytes) / quota:.0f}% "
+                      "used)")
     else:
         console.print("  quota               none (set --max-size)")
     return 0

@@ -162,14 +162,19 @@ def resume_offset(fd: int, size: int, hasher: BlobHasher, chunk_size: int, parti
     """Hash what a previous fill left in the partial file, and continue after it.
 
     A parallel fill's partial file holds windows beyond its contiguous prefix: its prefix file says how far the
-    bytes are contiguous, and the rest is cut (those windows are fetched again)."""
+    bytes are contiguous, and the rest is cut (those windows are fetched again). A sparse one keeps them, listed in
+    its windows map, and keeps its prefix file too (a kill -9 while the prefix is hashed must not leave a map
+    without it: its holes would pass for bytes); a map without a prefix file trusts no prefix at all."""
     existing = os.fstat(fd).st_size
     prefix = read_prefix(partial) if partial is not None else None
+    sparse = partial is not None and read_windows(partial, fd) is not None
+    if sparse and prefix is None:
+        prefix = 0
     if prefix is not None:
         existing = min(existing, prefix)
-        if read_windows(partial, fd) is None:  # type: ignore[arg-type]
-            os.ftruncate(fd, existing)  # windows beyond the prefix are fetched again; a map keeps them (sparse)
-        CacheLayout.prefix_note(partial).unlink(missing_ok=True)  # type: ignore[arg-type]
+        if not sparse:
+            os.ftruncate(fd, existing)  # windows beyond the prefix are fetched again
+            CacheLayout.prefix_note(partial).unlink(missing_ok=True)  # type: ignore[arg-type]
     if existing > size:
         os.ftruncate(fd, 0)
         return 0
@@ -238,3 +243,67 @@ def read_windows(partial: Path, fd: int) -> tuple[int, list[tuple[int, int]]] | 
     if inode != stat.st_ino or any(b > stat.st_size for _, b in held):
         return None
     return window, held
+
+
+def held_windows(partial: Path) -> list[tuple[int, int]]:
+    """The spans ``[start, done)`` a sparse partial file's map lists as on disk (none: no valid map). Blocking."""
+    try:
+        fd = os.open(partial, os.O_RDONLY)
+    except FileNotFoundError:
+        return []
+    try:
+        held = read_windows(partial, fd)
+    finally:
+        os.close(fd)
+    return [(a, b) for a, b in held[1] if b > a] if held is not None else []
+
+
+def touch_windows(partial: Path) -> None:
+    """A sparse partial file was read (a ranged read of its windows): its map's mtime is its last use, what the quota's
+    LRU orders it by beside the blobs."""
+    with contextlib.suppress(FileNotFoundError):
+        os.utime(CacheLayout.windows_map(partial))
+
+
+@dataclass(frozen=True)
+class SparsePartial:
+    """A partial file that holds windows (a sparse fill never completed), as the quota and the status see it."""
+
+    etag: str
+    partial: Path
+    held: int  # bytes its windows hold (its disk usage, the holes aside)
+    last_access: float  # the map's mtime: its last window fetched, or its last ranged read (touch_windows)
+
+
+def sparse_partials(partials_dir: Path) -> list[SparsePartial]:
+    """Every partial file under ``partials_dir`` with a valid windows map (blocking: call it in a thread)."""
+    found: list[SparsePartial] = []
+    try:
+        entries = list(os.scandir(partials_dir))
+    except FileNotFoundError:
+        return found
+    suffix = ".part.windows"
+    for entry in entries:
+        if not entry.name.endswith(suffix):
+            continue
+        partial = Path(entry.path[: -len(".windows")])
+        try:
+            fd = os.open(partial, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            held = read_windows(partial, fd)
+            mtime = entry.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        finally:
+            os.close(fd)
+        if held is not None:
+            found.append(SparsePartial(entry.name[: -len(suffix)], partial, sum(b - a for a, b in held[1]), mtime))
+    return found
+
+
+def drop_partial(partial: Path) -> None:
+    """Remove a partial file and its notes (prefix, windows map): the map first, so nothing lists bytes gone."""
+    for path in (CacheLayout.windows_map(partial), CacheLayout.prefix_note(partial), partial):
+        path.unlink(missing_ok=True)

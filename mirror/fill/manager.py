@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from mirror.errors import FillPaused, LeaseLost, MirrorError, UpstreamUnavailable
+from mirror.fill.copy import held_windows, touch_windows
 from mirror.fill.download import download
 from mirror.fill.peer import Follower, PeerCopy
 from mirror.fill.state import Fill, FillSpec
@@ -69,8 +70,17 @@ class FillManager:
 
     @property
     def bytes_to_write(self) -> int:
-        """Disk that the fills in progress will still take."""
-        return sum(max(fill.spec.size - fill.written, 0) for fill in self._fills.values())
+        """Disk that the fills in progress will still take (a sparse fill: the Ranges it was asked, counted when
+        they were: :meth:`room_for`)."""
+        return sum(max(fill.spec.size - fill.written, 0) for fill in self._fills.values() if not fill.sparse)
+
+    def room_for(self, size: int, start: int, end: int) -> int:
+        """Disk a read of bytes ``start..end`` of a file of ``size`` bytes not stored makes a fill take: the whole
+        file, or for a Range that makes a sparse fill, its windows (one more at each edge) and the read-ahead."""
+        if not self._ranged(size, (start, end)):
+            return size
+        settings = self.upstream.settings
+        return min(size, end - start + 1 + 2 * settings.fill_window + settings.sparse_read_ahead)
 
     def get(self, etag: str) -> Fill | None:
         return self._fills.get(etag)
@@ -107,26 +117,32 @@ class FillManager:
         """
         fill = self._fills.get(spec.etag)
         if fill is not None:
-            if not self._ranged(spec, reading):
+            if not self._ranged(spec.size, reading):
                 fill.wants_whole()
+            elif fill.sparse and reading is not None:
+                fill.ask(*reading)  # the Range's windows and the read-ahead after it, at once
             return fill
         if self.store.cached_path(spec.etag) is not None:
             return None
         fill = Fill(spec, self.store.partial_path(spec.etag))
         if in_windows(self.upstream.settings, spec.size):
             fill.windowed = None  # windows, if this process leads the fill (known once it holds the lease)
-            fill.sparse = self._ranged(spec, reading)
+            fill.sparse = self._ranged(spec.size, reading)
+            if fill.sparse and reading is not None:
+                fill.ask(*reading)
+                fill.follow_windows(held_windows(fill.partial))  # held already: readable before the lease is known
+                touch_windows(fill.partial)  # its held windows were used: the quota's LRU keeps them longer
         self._fills[spec.etag] = fill
         if self.busy is not None:
             self.busy.begin(spec.etag)  # ended in _drive's finally
         fill.task = asyncio.create_task(self._drive(fill), name=f"fill:{spec.etag[:12]}")
         return fill
 
-    def _ranged(self, spec: FillSpec, reading: tuple[int, int] | None) -> bool:
-        """Whether a read of ``reading`` is a Range of a file large enough to be filled sparse."""
+    def _ranged(self, size: int, reading: tuple[int, int] | None) -> bool:
+        """Whether a read of ``reading`` is a Range of a file (of ``size`` bytes) large enough to be filled sparse."""
         threshold = getattr(self.upstream.settings, "sparse_fill_threshold", 0)
-        return bool(reading is not None and threshold and spec.size >= threshold
-                    and (reading[0] > 0 or reading[1] < spec.size - 1))
+        return bool(reading is not None and threshold and size >= threshold and in_windows(self.upstream.settings, size)
+                    and (reading[0] > 0 or reading[1] < size - 1))
 
     async def fetch(self, spec: FillSpec) -> Path:
         """Make sure the blob is committed (sync and prefetch use this); returns its local path."""

@@ -13,11 +13,12 @@ from typing import Any
 from urllib.parse import urlencode
 
 from mirror.errors import IntegrityError, MirrorError, UpstreamUnavailable
-from mirror.fill.copy import Hashing, Span, on_disk_prefix
+from mirror.fill.copy import Hashing, Span, held_windows, on_disk_prefix
 from mirror.fill.copy import copy as copy_body
 from mirror.fill.state import Fill
 from mirror.fill.threads import FillThreads
 from mirror.integrity import BlobHasher
+from mirror.layout import CacheLayout
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobStore, Lease, PeerAddress
 from mirror.upstream import UpstreamClient
@@ -65,8 +66,7 @@ class Follower:
             if await self.store.stat(etag) is not None:
                 return
             if not self._on_another_node(lease):
-                with contextlib.suppress(FileNotFoundError):  # the holder writes the very partial file we read
-                    fill.advance(on_disk_prefix(fill.partial))
+                self._same_node(fill)
             elif lease.peer is not None and not copy.verified and copy.failures < _PEER_TRIES:
                 await self._copy_from_peer(fill, lease.peer, copy)
             ticks += 1
@@ -90,8 +90,7 @@ class Follower:
                     holder, copy.failures = lease.peer, 0
                 remaining = max(lease.expires - time.time(), 0.0) + 0.05
                 if not self._on_another_node(lease):
-                    with contextlib.suppress(FileNotFoundError):  # the holder writes the very partial file we read
-                        fill.advance(on_disk_prefix(fill.partial))
+                    self._same_node(fill)
                     await change.wait(min(remaining, _FOLLOW_POLL))
                 elif lease.peer is not None and not copy.verified and copy.failures < _PEER_TRIES:
                     await self._copy_until_change(fill, lease, copy, change)
@@ -125,6 +124,21 @@ class Follower:
             await asyncio.wait({streaming})
         if not streaming.cancelled():
             streaming.result()  # a copy that failed its hash
+
+    @staticmethod
+    def _same_node(fill: Fill) -> None:
+        """Another process of this host fills it, into the very partial file we read: its contiguous prefix, and the
+        windows its map lists when the fill is sparse (read again when the map changed)."""
+        with contextlib.suppress(FileNotFoundError):
+            fill.advance(on_disk_prefix(fill.partial))
+        if fill.sparse:
+            try:
+                changed = os.stat(CacheLayout.windows_map(fill.partial)).st_mtime_ns
+            except FileNotFoundError:
+                return
+            if changed != fill.windows_seen:
+                fill.windows_seen = changed
+                fill.follow_windows(held_windows(fill.partial))
 
     def _on_another_node(self, lease: Lease) -> bool:
         return lease.peer is not None and lease.peer.url != self.node_url

@@ -44,18 +44,19 @@ class Fill:
         self.leading = False  # this process holds the lease and downloads
         # Whether the bytes come in windows this process fetches (mirror.fill.windows): None until the fill knows,
         # False for one stream or a copy another process or node makes. While True, ``run_end`` tells how far the
-        # bytes from an offset are on disk, and ``want`` asks for an offset's window next; ``wanted`` keeps the
-        # offsets readers waited for before the windows began.
+        # bytes from an offset are on disk, and ``want(first, last)`` asks for the windows of those bytes next;
+        # ``wanted`` keeps the spans readers asked for before the windows began.
         self._windowed: bool | None = False
         self._decided = asyncio.Event()
         self._decided.set()
         self.run_end: Callable[[int], int] | None = None
-        self.want: Callable[[int], None] | None = None
-        self.wanted: set[int] = set()
+        self.want: Callable[[int, int], None] | None = None
+        self.wanted: set[tuple[int, int]] = set()
         # Sparse (mirror.fill.windows): only the windows readers ask for (and a read-ahead) are fetched, the rest once
         # the whole file is wanted (``complete_all``, set while the windows run) or by the completion policy.
         self.sparse = False
         self.complete_all: Callable[[], None] | None = None
+        self.windows_seen = 0  # a follower of another process's sparse fill: the mtime of its map last read
         self._progress = asyncio.Event()
 
     @property
@@ -105,6 +106,26 @@ class Fill:
             if self.complete_all is not None:
                 self.complete_all()
 
+    def follow_windows(self, held: list[tuple[int, int]]) -> None:
+        """Another process of this node leads this sparse fill (or none does yet): the windows its map lists as on
+        disk (``held``: ``[start, done)`` spans) are readable here too, so a Range on them is a hit in any process.
+        The process that leads the fill in windows replaces this with its own ``run_end``."""
+        runs: list[list[int]] = []
+        for start, done in sorted(held):
+            if runs and start <= runs[-1][1]:
+                runs[-1][1] = max(runs[-1][1], done)
+            else:
+                runs.append([start, done])
+
+        def run_end(position: int) -> int:
+            for start, done in runs:
+                if start <= position < done:
+                    return done
+            return position
+
+        self.run_end = run_end
+        self.progress()
+
     def holds(self, start: int, end: int) -> bool:
         """Whether bytes ``start..end`` (inclusive) are on disk already."""
         return self.readable_at(start) > end
@@ -135,22 +156,29 @@ class Fill:
                 self.ask(offset)
             await self._progress.wait()
 
-    def ask(self, offset: int) -> None:
-        """A reader needs byte ``offset``: a fill in windows takes its window next (before the windows begin too)."""
+    def ask(self, offset: int, last: int | None = None) -> None:
+        """A reader needs byte ``offset`` (and on to ``last``, inclusive: a Range read): a fill in windows takes their
+        windows next (asked before the windows begin too); a sparse one adds its read-ahead past ``last``."""
         if offset < self.spec.size:
+            last = offset if last is None else min(max(last, offset), self.spec.size - 1)
             if self.want is not None:
-                self.want(offset)
+                self.want(offset, last)
             else:
-                self.wanted.add(offset)
+                self.wanted.add((offset, last))
 
     def readable_at(self, position: int) -> int:
         """The end (exclusive) of the bytes from ``position`` a reader may take now; ``<= position``: none yet. The
         contiguous prefix, or, past it, the bytes a window has on disk from there (never the last byte before the
-        whole file is verified)."""
+        whole file is verified, unless the fill is sparse).
+
+        A sparse fill serves Ranges, and a Range cannot be checked whole by its client whatever byte it ends on: the
+        window holding the file's last byte is readable as it lands (a parquet footer, a zip directory, the last
+        xorb of a ranged Xet read), like every other window. Once the whole file is wanted the rule is back: a
+        full download never gets its last byte before the blob is verified."""
         end = self.readable_end()
         if position < end or self.run_end is None:
             return end
-        return min(self.run_end(position), self.spec.size - 1)
+        return min(self.run_end(position), self.spec.size if self.sparse else self.spec.size - 1)
 
     def readable_end(self) -> int:
         """Bytes a reader may take: all once verified; before, all but the last, which waits for verification.

@@ -95,6 +95,7 @@ class WindowedFill:
         self.read_ahead = read_ahead  # sparse: bytes past a wanted position fetched with it
         self.complete_share = complete_share  # sparse: the share of the file held that has the rest fetched too
         self._windows_written_at = 0.0
+        self._map_due: asyncio.TimerHandle | None = None  # a map write put off by the rate limit, still to come
         self._held_from_map(offset)
         self._wanted: set[int] = set()  # windows a reader waits for, taken before the next in order
         self.contiguous = offset  # bytes on disk without a hole
@@ -136,11 +137,19 @@ class WindowedFill:
         return sum(w.done - w.start for w in self.windows)
 
     def _write_map(self, force: bool = False) -> None:
+        """List the windows held in the map; at most every ``_WINDOWS_FILE_SECONDS``, a write put off coming at the
+        end of that time (a window completed is listed within it: a kill -9 then loses no more)."""
         now = time.monotonic()
         if force or now - self._windows_written_at >= _WINDOWS_FILE_SECONDS:
+            if self._map_due is not None:
+                self._map_due.cancel()
+                self._map_due = None
             self._windows_written_at = now
             write_windows(self.fill.partial, self.fd, self.window_size,
                           [(w.start, w.done) for w in self.windows if w.done > w.start])
+        elif self._map_due is None:
+            self._map_due = asyncio.get_running_loop().call_later(
+                _WINDOWS_FILE_SECONDS - (now - self._windows_written_at), self._write_map, True)
 
     def complete_all(self) -> None:
         """The whole file is wanted now (a full download, the sync, or the share policy): fetch every window."""
@@ -153,8 +162,8 @@ class WindowedFill:
         fill = self.fill
         fill.run_end, fill.want, fill.windowed = self.run_end, self.want, True
         fill.complete_all = self.complete_all
-        for offset in fill.wanted:  # asked before the windows began
-            self.want(offset)
+        for first, last in fill.wanted:  # asked before the windows began
+            self.want(first, last)
         fill.wanted.clear()
         loop = asyncio.get_running_loop()
         workers = [loop.create_task(self._worker()) for _ in range(min(self.connections, len(self.windows)))]
@@ -181,6 +190,9 @@ class WindowedFill:
             await asyncio.wait(tasks)
             if any(w.done > w.start for w in self.windows if w.start >= self.contiguous):
                 self._write_map(force=True)  # windows beyond the prefix stay for the next fill
+            if self._map_due is not None:  # never after the partial file became the blob
+                self._map_due.cancel()
+                self._map_due = None
 
     # --- windows -------------------------------------------------------------------------------------------------
 
@@ -198,11 +210,12 @@ class WindowedFill:
                 break
         return max(end, position)
 
-    def want(self, position: int) -> None:
-        """A reader waits for ``position``: its window goes next if no worker has taken it."""
-        if position >= self.base:
-            last = position + (self.read_ahead if self.fill.sparse else 0)
-            first = (position - self.base) // self.window_size
+    def want(self, position: int, last: int) -> None:
+        """A reader waits for ``position`` (and reads on to ``last``): the windows of those bytes, and of a sparse
+        fill's read-ahead past them, go next if no worker has taken them."""
+        if last >= self.base:
+            last += self.read_ahead if self.fill.sparse else 0
+            first = (max(position, self.base) - self.base) // self.window_size
             for index in range(first, min((last - self.base) // self.window_size + 1, len(self.windows))):
                 if not self.windows[index].started:
                     self._wanted.add(index)

@@ -228,9 +228,11 @@ class FileService:
         return _HIT if stored else _MISS
 
     async def open_blob(self, resolved: ResolvedFile, caller: Caller, start: int, end: int,
-                        detached: bool = False) -> BlobSource:
+                        detached: bool = False, whole: bool = False) -> BlobSource:
         """Where the bytes ``start..end`` of the file come from: its file on this disk, the fill producing it (from
-        upstream, or from a remote store), or upstream directly (no disk room; a Range far beyond the fill)."""
+        upstream, or from a remote store), or upstream directly (no disk room; a Range far beyond the fill).
+        ``whole``: these bytes are part of a download of the whole file (a Xet client's xorb ranges of a whole-file
+        reconstruction): the fill fetches every byte, never sparse."""
         if self.admission is not None:
             await self.admit_bytes(resolved, caller)
         entry = resolved.entry
@@ -247,18 +249,22 @@ class FileService:
         spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
                         token=self.fill_token(resolved, caller),
                         cdn_url=resolved.cdn_url, detached=detached)
-        if (self.make_room is not None and not self.settings.offline and not self.fills.is_filling(entry.etag)
-                and not await self.make_room(entry.size, self.fills.bytes_to_write)):
+        # Room for what the fill will write: the file, or a sparse fill's windows for this Range (a full download
+        # joining a sparse fill makes room for the file then).
+        running = self.fills.get(entry.etag)
+        if (self.make_room is not None and not self.settings.offline and (running is None or running.sparse)
+                and not await self.make_room(entry.size if whole else self.fills.room_for(entry.size, start, end),
+                                             self.fills.bytes_to_write)):
             log.warning("no disk room for %s %s (%d bytes): relaying it without storing it", resolved.repo.key,
                         entry.path, entry.size)
             return Relay(resolved, caller.token, start, end, _STALE if stale else _PASSTHROUGH)
-        fill = await self.fills.start(spec, reading=(start, end))
+        fill = await self.fills.start(spec, reading=None if whole else (start, end))
         if fill is None:  # on this disk meanwhile
             path = self.store.cached_path(entry.etag)
             if path is not None:
                 return Cached(str(path), _STALE if stale else _HIT)
             return Relay(resolved, caller.token, start, end, _STALE if stale else _PASSTHROUGH)
-        if start > fill.written + RANGE_RELAY_GAP and not self.settings.offline:
+        if start > fill.written + RANGE_RELAY_GAP and not self.settings.offline and not fill.holds(start, end):
             # A Range far beyond what the fill has. A fill in windows fetches that Range's window next: each byte
             # once. A single-stream fill (or another process's, whose prefix will not jump to it) has it relayed from
             # upstream while the fill goes on.
@@ -286,12 +292,12 @@ class FileService:
         return await self.head_outcome(self._lfs_file(repo, commit, path, etag, size))
 
     async def open_xorb(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int, caller: Caller,
-                        start: int, end: int) -> BlobSource:
+                        start: int, end: int, whole: bool = False) -> BlobSource:
         """Where the bytes ``start..end`` of an LFS file framed into a Xet xorb come from (the CAS's signed range
         names the file): as :meth:`open_blob` decides, detached from the request; but a relay that would carry the
         file's last byte reads the fill in progress instead, when there is one (only a verified fill ends a file)."""
         source = await self.open_blob(self._lfs_file(repo, commit, path, etag, size), caller, start, end,
-                                      detached=True)
+                                      detached=True, whole=whole)
         if type(source) is Relay and end + 1 == size:
             fill = self.fills.get(etag)
             if fill is not None:

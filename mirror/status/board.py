@@ -234,8 +234,8 @@ class StatusBoard:
         hits_total = self.history.read()
         served = hits_total.hits + hits_total.misses
         may_list = self._lister(listed, visible=visible, operator=operator, token=token)
-        fills = [{"repo": f.spec.repo.key, "path": f.spec.path, "written": f.written, "size": f.spec.size}
-                 for f in self.fills.active if may_list(f.spec.repo.key)]
+        fills = [{"repo": f.spec.repo.key, "path": f.spec.path, "written": f.written, "size": f.spec.size,
+                  "sparse": f.sparse} for f in self.fills.active if may_list(f.spec.repo.key)]
         warming = [j.as_json() for j in jobs if j.state in ("queued", "running")
                    and may_list(j.request.repo.key)]
         counts = self._outcomes()
@@ -249,6 +249,8 @@ class StatusBoard:
             "auth_required": self.settings.auth_required,
             "cache_bytes": snap.total_bytes,
             "cache_blobs": snap.total_blobs,
+            # Sparse files (ranged reads of large files never completed): their windows, apart from the blobs.
+            "sparse_files": snap.sparse_files, "sparse_bytes": snap.sparse_bytes,
             # None: the first count of a large cache is still running (the repos and totals come when it ends).
             "snapshot_age": round(max(0.0, time.time() - snap.taken_at), 1) if snap.taken_at else None,
             "index_bytes": self.cache.index.volume(),

@@ -88,7 +88,8 @@ def document(title: str, body: str, *, base: str, refresh: int) -> str:
 
 
 def _summary(data: dict[str, Any]) -> str:
-    used, quota = data.get("cache_bytes", 0), data.get("max_size")
+    # The quota counts the blobs and the windows sparse files hold.
+    used, quota = data.get("cache_bytes", 0) + data.get("sparse_bytes", 0), data.get("max_size")
     disk = data.get("disk") or {}
     if quota:
         quota_card = (f"<div class='big'><span id=\"disk-usage\">{_size(used)} of {_size(quota)}</span></div>"
@@ -119,6 +120,9 @@ def _summary(data: dict[str, Any]) -> str:
 <span id="error-count">{errors}</span> errors since the start</div></div>
 <div class="card"><h3>Contents</h3>
 <div class="big"><span id="blob-count">{data.get('cache_blobs', 0)}</span> blobs</div>
+<div class="muted"><span id="sparse-count">{data.get('sparse_files', 0)}</span> sparse files holding
+<span id="sparse-bytes">{_size(data.get('sparse_bytes', 0))}</span> (windows of ranged reads, never completed; in the
+quota)</div>
 <div class="muted">{counted}; index {_size(data.get('index_bytes', 0))}, 404s remembered:
 {data.get('negative_entries', 0)} ({_size(data.get('negative_bytes', 0))})</div></div>
 </div>"""
@@ -145,7 +149,9 @@ def _sync(data: dict[str, Any]) -> str:
 
 def _fills(data: dict[str, Any]) -> str:
     rows = "".join(
-        f"<tr><td>{esc(f['repo'])}</td><td>{esc(f['path'])}</td><td>{_size(f['written'])} / {_size(f['size'])}</td>"
+        f"<tr{' class=sparse' if f.get('sparse') else ''}><td>{esc(f['repo'])}</td><td>{esc(f['path'])}"
+        f"{' <span class=muted>(sparse: the windows of ranged reads)</span>' if f.get('sparse') else ''}</td>"
+        f"<td>{_size(f['written'])} / {_size(f['size'])}</td>"
         f"<td><progress max='{f['size'] or 1}' value='{f['written']}'></progress></td></tr>"
         for f in data.get("fills", [])
     ) + "".join(

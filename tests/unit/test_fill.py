@@ -22,6 +22,7 @@ from mirror.errors import IntegrityError, UpstreamUnavailable
 from mirror.fill import Fill, FillManager, FillSpec
 from mirror.fill import resume as resume_module
 from mirror.fill import windows as windows_module
+from mirror.fill.copy import held_windows
 from mirror.layout import CacheLayout
 from mirror.metrics import Metrics
 from mirror.storage.local import LocalBlobStore
@@ -474,3 +475,56 @@ async def test_a_small_file_or_a_whole_read_is_not_sparse(tmp_path: Path) -> Non
         fill = await manager.start(spec_of(content), reading=(10, 20))
         assert fill is not None and not fill.sparse
         await manager.fetch(spec_of(content))
+
+
+async def test_a_sparse_range_at_the_end_gets_its_last_byte_and_a_full_download_waits(tmp_path: Path,
+                                                                                      short_linger: None) -> None:
+    """A Range reaching the file's end (a parquet footer, the last xorb) is served as its window lands, last byte
+    included, while the file is sparse (nothing else asked upstream); once the whole file is wanted the last byte
+    waits for the verified blob again. The Range's windows and the read-ahead past it are asked at once."""
+    window = 64 * KIB
+    content = content_of(8 * window)
+    spec = spec_of(content)
+    upstream = FakeUpstream(content, windows=window, connections=2, sparse=1, read_ahead=window)
+    async with fill_manager(tmp_path, upstream) as manager:
+        tail = len(content) - 1000
+        fill = await manager.start(spec, reading=(tail, len(content) - 1))
+        assert fill is not None and fill.sparse
+        assert await read_range(manager, fill, tail, len(content) - 1) == content[tail:]
+        assert fill.holds(tail, len(content) - 1) and not fill.verified
+        assert [(r.start, r.end) for r in upstream.requests] == [(7 * window, 8 * window)]
+        middle = await manager.start(spec, reading=(2 * window, 3 * window + 10))  # joins: two windows and one ahead
+        assert middle is fill
+        await read_range(manager, fill, 2 * window, 3 * window + 10)
+        while len(upstream.requests) < 4:  # the read-ahead's window follows (two connections)
+            await asyncio.wait_for(fill.changed(), 10)
+        assert sorted(r.start for r in upstream.requests) == [2 * window, 3 * window, 4 * window, 7 * window]
+        fill.wants_whole()  # a full download joins: the last byte is held until the blob is verified
+        if not fill.verified:
+            assert fill.readable_at(len(content) - 1) <= len(content) - 1
+        path = await manager.fetch(spec)
+    assert path.read_bytes() == content
+
+
+async def test_another_process_reads_the_windows_a_sparse_fill_holds(tmp_path: Path, short_linger: None) -> None:
+    """Two processes of one node (two managers, one cache): while one leads a sparse fill, a Range on the windows it
+    holds is a hit in the other (read from the shared partial file by its windows map), nothing asked upstream."""
+    window = 64 * KIB
+    content = content_of(8 * window)
+    spec = spec_of(content)
+    upstream = FakeUpstream(content, windows=window, connections=2, sparse=1, read_ahead=0)
+    start, end = 5 * window + 10, 6 * window + 20
+    async with fill_manager(tmp_path, upstream) as leader, fill_manager(tmp_path, upstream) as other:
+        fill = await leader.start(spec, reading=(start, end))
+        assert fill is not None
+        assert await read_range(leader, fill, start, end) == content[start:end + 1]
+        async with leader.reading(fill):  # a reader stays: the leader keeps its lease, its fill does not pause
+            partial = LocalBlobStore(tmp_path).partial_path(spec.etag)
+            while sum(b - a for a, b in held_windows(partial)) < 2 * window:  # the map lists both (within 0.2 s)
+                await asyncio.sleep(0.02)
+            asked = len(upstream.requests)
+            followed = await other.start(spec, reading=(start, end))
+            assert followed is not None and followed is not fill and followed.holds(start, end)
+            assert await read_range(other, followed, start, end) == content[start:end + 1]
+            assert len(upstream.requests) == asked == 2
+            assert not followed.holds(0, 10)  # a window the map does not list: not readable here

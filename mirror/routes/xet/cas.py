@@ -97,6 +97,8 @@ class XetCas:
             start, end = byte_range if byte_range is not None else (0, file.size - 1)
             grant = {"t": repo.type.value, "r": repo.repo_id, "c": file.commit, "p": file.path, "e": file.etag,
                      "s": file.size, "f": file_hash.lower(), **{k: claims[k] for k in ("m", "a") if k in claims}}
+            if start == 0 and end == file.size - 1:
+                grant["W"] = 1  # a download of the whole file: its xorb ranges fill it whole (never sparse)
             base = mirror_base(scope) + CAS_PREFIX
 
             def url(index: int) -> str:
@@ -126,7 +128,7 @@ class XetCas:
         file_start, file_end = xorb.file_span(size, index, first, last)
         repo = hf.RepoRef(hf.RepoType(claims["t"]), claims["r"])
         source = await self.service.open_xorb(repo, claims["c"], claims["p"], claims["e"], size, caller, file_start,
-                                              file_end - 1)
+                                              file_end - 1, whole=bool(claims.get("W")))
         headers = [(b"content-type", b"application/octet-stream"), (b"content-length", str(last - first + 1).encode()),
                    (b"accept-ranges", b"bytes"), *outcome_headers(source.outcome)]
         status = 200
