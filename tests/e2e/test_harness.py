@@ -104,6 +104,39 @@ def test_sample_data_is_deterministic(tmp_path: Path) -> None:
         "sha256"]
 
 
+def test_sample_data_shards(tmp_path: Path) -> None:
+    """``--shards N``: the same size in N shards, in its own folder; the default count keeps the usual folder."""
+    size = parse_size("512K")
+    default = ensure(size, 7, tmp_path, log=lambda _: None)
+    same = ensure(size, 7, tmp_path, log=lambda _: None, shards=16)  # the default count: the same folder
+    five = ensure(size, 7, tmp_path, log=lambda _: None, shards=5)
+    assert same.root == default.root and five.root != default.root
+    assert five.manifest["shards"] == 5 and len(five.data_files) == 5
+    total = sum(m["size"] for m in five.manifest["dataset_files"].values() if m["lfs"])
+    assert size * 0.8 < total < size * 1.5, total
+    with pytest.raises(ValueError):
+        ensure(size, 7, tmp_path, log=lambda _: None, shards=0)
+
+
+@pytest.mark.timeout(180)
+def test_bench_shards_gives_every_worker_a_shard(tmp_path: Path) -> None:
+    """With ``--shards 8`` all 8 workers stream (16 default shards would leave none idle either, so 8 of 8 here and
+    the shard count read back from the pass), and the warm mirror still asks upstream nothing for data."""
+    out = tmp_path / "shards.json"
+    proc = _run("bench", "--size", "512K", "--shards", "8", "--workers", "8", "--passes", "cold,warm",
+                "--data-dir", str(tmp_path / "data"), "--json", str(out), timeout=170)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["dataset"]["shards"] == 8 and report["config"]["shards"] == 8
+    passes = {p["name"]: p for p in report["passes"]}
+    for p in passes.values():
+        assert p["n_shards"] == 8 and p["active_workers"] == 8 and p["rows"] == report["dataset"]["rows"], p
+    assert passes["mirror-cold-w8"]["upstream_data_requests"] >= 8
+    assert passes["mirror-warm-w8"]["upstream_data_requests"] == 0
+    bad = _run("bench", "--size", "512K", "--shards", "0", "--data-dir", str(tmp_path / "data"), timeout=60)
+    assert bad.returncode == 2 and "bad_argument" in bad.stderr, bad.stdout + bad.stderr
+
+
 def test_bench_unreachable_endpoint_fails_clearly(tmp_path: Path) -> None:
     proc = _run("bench", "--endpoint", f"http://127.0.0.1:{free_port()}", "--dataset", "demo/tiny-text",
                 "--tokenizer", "demo/tiny-tokenizer", "--json", str(tmp_path / "x.json"), timeout=30)
