@@ -137,6 +137,30 @@ def test_bench_shards_gives_every_worker_a_shard(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "bad_argument" in bad.stderr, bad.stdout + bad.stderr
 
 
+def test_early_truncation_gives_the_same_batches(tmp_path: Path) -> None:
+    """Collate tokenizes each row's head, not the whole row: the batches are those of whole rows, for the sample
+    WordPiece tokenizer, at lengths that cut most rows and none, with spaces, tabs and long words around the cut."""
+    np = pytest.importorskip("numpy")
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from mirror.harness.worker import Collate
+
+    data = ensure(parse_size("512K"), 7, tmp_path, log=lambda _: None)
+    texts = pq.read_table(data.dataset_dir / data.data_files[0], columns=["text"])["text"].to_pylist()[:256]
+    texts += ["a  b   c " * 300, "x" * 3000, "word\tword " * 400, "Ünïcödé  straße " * 200, " lead " * 500]
+    tokenizer = AutoTokenizer.from_pretrained(str(data.tokenizer_dir))
+    for max_length in (8, 128, 1024):
+        early, whole = Collate(tokenizer, "text", max_length, "np"), Collate(tokenizer, "text", max_length, "np")
+        whole.budget = 0  # no early truncation
+        assert early.budget
+        for i in range(0, len(texts), 32):
+            rows = [{"text": t} for t in texts[i:i + 32]]
+            a, b = early(rows), whole(rows)
+            for key in ("input_ids", "attention_mask"):
+                assert np.array_equal(a[key], b[key]), (max_length, i, key)
+
+
 def test_bench_unreachable_endpoint_fails_clearly(tmp_path: Path) -> None:
     proc = _run("bench", "--endpoint", f"http://127.0.0.1:{free_port()}", "--dataset", "demo/tiny-text",
                 "--tokenizer", "demo/tiny-tokenizer", "--json", str(tmp_path / "x.json"), timeout=30)
