@@ -195,8 +195,15 @@ class _ForkedWorkers:
 
 
 def _forked_worker(ds: Any, batch_size: int, collate: Collate, queue: Any, rchar: Any) -> None:
+    import signal
+
     import fsspec.asyn
 
+    def stopped(*_: Any) -> None:  # terminated by the parent (--max-rows): its reads still count (local MB/s)
+        _add_rchar(rchar)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stopped)
     fsspec.asyn.reset_lock()  # as datasets does in a DataLoader worker: the parent's fsspec loop is not ours
     try:
         for b in ds.iter(batch_size=batch_size):

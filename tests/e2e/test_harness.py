@@ -161,6 +161,18 @@ def test_early_truncation_gives_the_same_batches(tmp_path: Path) -> None:
                 assert np.array_equal(a[key], b[key]), (max_length, i, key)
 
 
+@pytest.mark.timeout(120)
+def test_local_pass_stopped_early_counts_its_workers_reads(tmp_path: Path) -> None:
+    """Workers stopped by --max-rows are terminated: what they read still counts in the local pass's MB/s."""
+    out = tmp_path / "local.json"
+    proc = _run("bench", "--size", "512K", "--workers", "2", "--passes", "local", "--max-rows", "100",
+                "--data-dir", str(tmp_path / "data"), "--json", str(out), timeout=110)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (p,) = json.loads(out.read_text())["passes"]
+    # measured: 585 kB with the workers' reads, 282 kB (the parent's: tokenizer, card, parquet footers) without
+    assert p["stopped_early"] and p["read_method"] == "proc_rchar" and p["read_bytes"] > 400_000, p
+
+
 def test_bench_unreachable_endpoint_fails_clearly(tmp_path: Path) -> None:
     proc = _run("bench", "--endpoint", f"http://127.0.0.1:{free_port()}", "--dataset", "demo/tiny-text",
                 "--tokenizer", "demo/tiny-tokenizer", "--json", str(tmp_path / "x.json"), timeout=30)
