@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
                                 ("warm", False)) if not skip]
     workers = [args.num_workers] if args.num_workers is not None else worker_counts(args.workers)
     bench_args = argparse.Namespace(
-        endpoint=None, size=args.size, seed=0, data_dir=args.data_dir, passes=passes, repeat=1,
+        endpoint=None, size=args.size, seed=0, shards=None, data_dir=args.data_dir, passes=passes, repeat=1,
         batch_size=args.batch_size, max_length=128, workers=workers, shuffle_buffer=0, max_rows=args.max_rows,
         max_seconds=None, step_ms=args.step_ms, device=args.device, json=args.json, plot=args.plot, timeout=300.0)
     start = time.monotonic()

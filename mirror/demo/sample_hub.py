@@ -10,7 +10,8 @@ It is not the test emulator: it only knows branch ``main`` and the commit sha.
 With ``--size`` it also serves the bench's dataset ``demo/bench-text`` (parquet shards of that total size, streamed
 from disk) and its tokenizer ``demo/bench-tokenizer`` (:mod:`mirror.harness.sample_data` generates them once).
 
-``python -m mirror.demo.sample_hub --port 8091 [--rows 4000] [--write-local DIR] [--size 2G --seed 0 --data-dir DIR]``
+``python -m mirror.demo.sample_hub --port 8091 [--rows 4000] [--write-local DIR] [--size 2G --seed 0 --shards N
+--data-dir DIR]``
 """
 
 from __future__ import annotations
@@ -186,10 +187,11 @@ BENCH_DATASET = "demo/bench-text"
 BENCH_TOKENIZER = "demo/bench-tokenizer"
 
 
-def bench_repos(size: int, seed: int, cache_root: Path | None = None) -> dict[tuple[str, str], Repo]:
+def bench_repos(size: int, seed: int, cache_root: Path | None = None,
+                shards: int | None = None) -> dict[tuple[str, str], Repo]:
     """The bench's repos (``demo/bench-text`` of ``size`` bytes of parquet, ``demo/bench-tokenizer``), served from the
     generated folder (:mod:`mirror.harness.sample_data`, generated on first use)."""
-    data = ensure(size, seed, cache_root)
+    data = ensure(size, seed, cache_root, shards=shards)
     out: dict[tuple[str, str], Repo] = {}
     for kind, repo_id, directory, files in (
             ("dataset", BENCH_DATASET, data.dataset_dir, data.manifest["dataset_files"]),
@@ -370,12 +372,14 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"also serve {BENCH_DATASET} with this much parquet (e.g. 256M, 2G) and "
                              f"{BENCH_TOKENIZER}, generated once into --data-dir")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --size dataset (default 0)")
+    parser.add_argument("--shards", type=int, default=None,
+                        help="parquet shards of the --size dataset (default max(16, size / 500 MB))")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="where generated datasets are kept (default ~/.cache/hf-mirror/sample-data)")
     args = parser.parse_args(argv)
     repos = build_repos(args.rows)
     if args.size:
-        repos.update(bench_repos(parse_size(args.size), args.seed, args.data_dir))
+        repos.update(bench_repos(parse_size(args.size), args.seed, args.data_dir, args.shards))
     if args.write_local:
         write_local(repos[("dataset", DATASET_REPO)], args.write_local)
     import uvicorn

@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--tokenizer", default=None, help="with --endpoint: model repo whose tokenizer is loaded through it")
     add("--size", default="2G", help="without --endpoint: parquet bytes of the generated dataset (default 2G; "
                                      "kept in --data-dir between runs)")
+    add("--shards", type=int, default=None,
+        help="without --endpoint: parquet shards of the generated dataset (default max(16, size / 500 MB)); e.g. "
+             "64 so that 64 workers each get shards (datasets gives each worker whole shards, idles the rest)")
     add("--seed", type=int, default=0, help="without --endpoint: seed of the generated dataset (default 0)")
     add("--data-dir", type=Path, default=None,
         help="where generated datasets are kept (default $HF_MIRROR_SAMPLE_DATA or ~/.cache/hf-mirror/sample-data)")

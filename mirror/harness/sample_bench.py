@@ -23,7 +23,7 @@ TOKENIZER = "demo/bench-tokenizer"
 def run_sample_bench(args: argparse.Namespace) -> dict[str, Any]:
     size = parse_size(args.size)
     t = time.perf_counter()
-    data = ensure(size, args.seed, args.data_dir)  # generated once, then read from the cache folder
+    data = ensure(size, args.seed, args.data_dir, shards=args.shards)  # generated once, then read from the cache folder
     ready_s = time.perf_counter() - t
     print(f"[bench] dataset {DATASET}: {data.rows:,} rows, {len(data.data_files)} parquet shards, "
           f"{sum(m['size'] for m in data.manifest['dataset_files'].values()) / 1e6:,.1f} MB in "
@@ -31,7 +31,7 @@ def run_sample_bench(args: argparse.Namespace) -> dict[str, Any]:
           f"(generated in {data.manifest['generate_s']:.1f}s; ready in {ready_s:.1f}s)", flush=True)
     args.dataset, args.tokenizer, args.config, args.split, args.text_column = DATASET, TOKENIZER, None, "train", "text"
     root = Path(tempfile.mkdtemp(prefix="hf-mirror-bench-"))
-    hub = services.sample_hub(root, size=args.size, seed=args.seed, data_dir=args.data_dir)
+    hub = services.sample_hub(root, size=args.size, seed=args.seed, data_dir=args.data_dir, shards=args.shards)
     try:
         print(f"[bench] starting the sample hub at {hub.url}", flush=True)
         hub.start()

@@ -53,7 +53,13 @@ def default_cache_root() -> Path:
     return Path(base)
 
 
-def shard_count(size: int) -> int:
+def shard_count(size: int, shards: int | None = None) -> int:
+    """The Hub-like default (``max(16, size / 500 MB)``), or ``shards`` when asked (``--shards``: e.g. 64 shards so
+    that 64 DataLoader workers each get one; ``datasets`` idles workers beyond the shard count)."""
+    if shards is not None:
+        if shards < 1:
+            raise ValueError(f"--shards must be at least 1, not {shards}")
+        return shards
     return max(MIN_SHARDS, -(-size // MAX_SHARD))
 
 
@@ -81,9 +87,13 @@ class SampleData:
         return [p for p in self.manifest["dataset_files"] if p.endswith(".parquet")]
 
 
-def ensure(size: int, seed: int = 0, cache_root: Path | None = None, log: Any = print) -> SampleData:
-    """The dataset of ``size`` bytes (of parquet) and ``seed``: read from the cache, or generated into it."""
-    root = (cache_root or default_cache_root()) / f"text-{size_label(size)}-seed{seed}-v{FORMAT}"
+def ensure(size: int, seed: int = 0, cache_root: Path | None = None, log: Any = print,
+           shards: int | None = None) -> SampleData:
+    """The dataset of ``size`` bytes (of parquet) and ``seed`` (in ``shards`` shards when given): read from the
+    cache, or generated into it."""
+    # the default shard count keeps the folder name it always had, so that existing folders are reused
+    custom = f"-shards{shard_count(size, shards)}" if shards is not None and shards != shard_count(size) else ""
+    root = (cache_root or default_cache_root()) / f"text-{size_label(size)}-seed{seed}{custom}-v{FORMAT}"
     manifest_path = root / "manifest.json"
     if manifest_path.is_file():
         return SampleData(root, json.loads(manifest_path.read_text()))
@@ -91,7 +101,7 @@ def ensure(size: int, seed: int = 0, cache_root: Path | None = None, log: Any = 
     tmp = root.parent / f".{root.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     start = time.perf_counter()
-    manifest = generate(tmp, size, seed)
+    manifest = generate(tmp, size, seed, shards)
     manifest["generate_s"] = round(time.perf_counter() - start, 3)
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
     try:
@@ -208,10 +218,10 @@ def _card(shards: int, rows: int, size: int) -> bytes:
             f"{size:,} bytes in all. Columns: `text` (16-256 words), `label` (0/1).\n").encode()
 
 
-def generate(root: Path, size: int, seed: int) -> dict[str, Any]:
+def generate(root: Path, size: int, seed: int, shards: int | None = None) -> dict[str, Any]:
     """Write the dataset and tokenizer folders under ``root``; returns the manifest (without ``generate_s``)."""
     vocab = _vocabulary(seed)
-    shards = shard_count(size)
+    shards = shard_count(size, shards)
     target = max(size // shards, 1)
     data_dir = root / "dataset" / "data"
     data_dir.mkdir(parents=True)

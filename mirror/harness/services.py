@@ -61,12 +61,13 @@ class Service:
 
 
 def sample_hub(root: Path, *, size: str | None, seed: int, data_dir: Path | None, rows: int = 4000,
-               write_local: Path | None = None) -> Service:
+               write_local: Path | None = None, shards: int | None = None) -> Service:
     port = free_port()
     cmd = [sys.executable, "-m", "mirror.demo.sample_hub", "--host", "127.0.0.1", "--port", str(port),
            "--rows", str(rows)]
     if size:
         cmd += ["--size", size, "--seed", str(seed)] + (["--data-dir", str(data_dir)] if data_dir else [])
+        cmd += ["--shards", str(shards)] if shards is not None else []
     if write_local:
         cmd += ["--write-local", str(write_local)]
     return Service("sample hub", f"http://127.0.0.1:{port}", cmd, root / "sample-hub.log")

@@ -66,19 +66,57 @@ def _rchar() -> int | None:
     return None
 
 
+# characters of a row kept per token of --max-length before tokenizing (early truncation, below): twice what
+# English text takes per token, so that the fallback to the whole row stays rare
+HEAD_CHARS_PER_TOKEN = 8
+
+
+def head_of(text: str, budget: int) -> str:
+    """The row cut before the last space that follows a non-space within ``budget`` characters (the whole row when
+    it is shorter or has no such space). Tokenizers split words at spaces and normalize characters locally, so the
+    tokens of the head are the first tokens of the whole row."""
+    if len(text) <= budget:
+        return text
+    cut = text.rfind(" ", 1, budget)
+    while cut > 0 and text[cut - 1].isspace():
+        cut = text.rfind(" ", 1, cut)
+    return text[:cut] if cut > 0 else text
+
+
 class Collate:
-    """The ``collate_fn``: tokenize a list of rows; tensors when torch is there, numpy otherwise."""
+    """The ``collate_fn``: tokenize a list of rows; tensors when torch is there, numpy otherwise.
+
+    Truncation happens early: a tokenizer reads the whole row even when it keeps ``max_length`` tokens, so each row
+    is first cut to its head (:func:`head_of`, ``max_length * HEAD_CHARS_PER_TOKEN`` characters). The batch is the
+    one the whole rows give: a cut row whose head gave fewer than ``max_length`` tokens is tokenized again whole
+    (the batch once more, rare). Rows shorter than the budget are not touched."""
 
     def __init__(self, tokenizer: Any, column: str, max_length: int, tensors: str) -> None:
         self.tokenizer, self.column, self.max_length, self.tensors = tokenizer, column, max_length, tensors
+        # only for right-side truncation (the default): with left-side the tail is what stays
+        self.budget = max_length * HEAD_CHARS_PER_TOKEN \
+            if max_length and getattr(tokenizer, "truncation_side", "right") == "right" else 0
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         if rows and self.column not in rows[0]:
             raise KeyError(f"{MISSING_COLUMN}: column {self.column!r} not in the dataset; columns: "
                            f"{sorted(rows[0])}")
-        enc = self.tokenizer([r[self.column] for r in rows], padding="longest", truncation=True,
-                             max_length=self.max_length, return_tensors=self.tensors)
+        texts = [r[self.column] for r in rows]
+        heads = [head_of(t, self.budget) for t in texts] if self.budget else texts
+        enc = self._encode(heads)
+        if heads is not texts:
+            lengths = enc["attention_mask"].sum(1).tolist()
+            short = [i for i, (h, t) in enumerate(zip(heads, texts, strict=True))
+                     if len(h) < len(t) and lengths[i] < self.max_length]
+            if short:  # a head gave too few tokens: those rows whole
+                for i in short:
+                    heads[i] = texts[i]
+                enc = self._encode(heads)
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+    def _encode(self, texts: list[str]) -> Any:
+        return self.tokenizer(texts, padding="longest", truncation=True, max_length=self.max_length,
+                              return_tensors=self.tensors)
 
 
 def _classify(exc: BaseException) -> tuple[str, str]:
@@ -157,8 +195,15 @@ class _ForkedWorkers:
 
 
 def _forked_worker(ds: Any, batch_size: int, collate: Collate, queue: Any, rchar: Any) -> None:
+    import signal
+
     import fsspec.asyn
 
+    def stopped(*_: Any) -> None:  # terminated by the parent (--max-rows): its reads still count (local MB/s)
+        _add_rchar(rchar)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stopped)
     fsspec.asyn.reset_lock()  # as datasets does in a DataLoader worker: the parent's fsspec loop is not ours
     try:
         for b in ds.iter(batch_size=batch_size):

@@ -104,6 +104,75 @@ def test_sample_data_is_deterministic(tmp_path: Path) -> None:
         "sha256"]
 
 
+def test_sample_data_shards(tmp_path: Path) -> None:
+    """``--shards N``: the same size in N shards, in its own folder; the default count keeps the usual folder."""
+    size = parse_size("512K")
+    default = ensure(size, 7, tmp_path, log=lambda _: None)
+    same = ensure(size, 7, tmp_path, log=lambda _: None, shards=16)  # the default count: the same folder
+    five = ensure(size, 7, tmp_path, log=lambda _: None, shards=5)
+    assert same.root == default.root and five.root != default.root
+    assert five.manifest["shards"] == 5 and len(five.data_files) == 5
+    total = sum(m["size"] for m in five.manifest["dataset_files"].values() if m["lfs"])
+    assert size * 0.8 < total < size * 1.5, total
+    with pytest.raises(ValueError):
+        ensure(size, 7, tmp_path, log=lambda _: None, shards=0)
+
+
+@pytest.mark.timeout(180)
+def test_bench_shards_gives_every_worker_a_shard(tmp_path: Path) -> None:
+    """With ``--shards 8`` all 8 workers stream (16 default shards would leave none idle either, so 8 of 8 here and
+    the shard count read back from the pass), and the warm mirror still asks upstream nothing for data."""
+    out = tmp_path / "shards.json"
+    proc = _run("bench", "--size", "512K", "--shards", "8", "--workers", "8", "--passes", "cold,warm",
+                "--data-dir", str(tmp_path / "data"), "--json", str(out), timeout=170)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["dataset"]["shards"] == 8 and report["config"]["shards"] == 8
+    passes = {p["name"]: p for p in report["passes"]}
+    for p in passes.values():
+        assert p["n_shards"] == 8 and p["active_workers"] == 8 and p["rows"] == report["dataset"]["rows"], p
+    assert passes["mirror-cold-w8"]["upstream_data_requests"] >= 8
+    assert passes["mirror-warm-w8"]["upstream_data_requests"] == 0
+    bad = _run("bench", "--size", "512K", "--shards", "0", "--data-dir", str(tmp_path / "data"), timeout=60)
+    assert bad.returncode == 2 and "bad_argument" in bad.stderr, bad.stdout + bad.stderr
+
+
+def test_early_truncation_gives_the_same_batches(tmp_path: Path) -> None:
+    """Collate tokenizes each row's head, not the whole row: the batches are those of whole rows, for the sample
+    WordPiece tokenizer, at lengths that cut most rows and none, with spaces, tabs and long words around the cut."""
+    np = pytest.importorskip("numpy")
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from mirror.harness.worker import Collate
+
+    data = ensure(parse_size("512K"), 7, tmp_path, log=lambda _: None)
+    texts = pq.read_table(data.dataset_dir / data.data_files[0], columns=["text"])["text"].to_pylist()[:256]
+    texts += ["a  b   c " * 300, "x" * 3000, "word\tword " * 400, "Ünïcödé  straße " * 200, " lead " * 500]
+    tokenizer = AutoTokenizer.from_pretrained(str(data.tokenizer_dir))
+    for max_length in (8, 128, 1024):
+        early, whole = Collate(tokenizer, "text", max_length, "np"), Collate(tokenizer, "text", max_length, "np")
+        whole.budget = 0  # no early truncation
+        assert early.budget
+        for i in range(0, len(texts), 32):
+            rows = [{"text": t} for t in texts[i:i + 32]]
+            a, b = early(rows), whole(rows)
+            for key in ("input_ids", "attention_mask"):
+                assert np.array_equal(a[key], b[key]), (max_length, i, key)
+
+
+@pytest.mark.timeout(120)
+def test_local_pass_stopped_early_counts_its_workers_reads(tmp_path: Path) -> None:
+    """Workers stopped by --max-rows are terminated: what they read still counts in the local pass's MB/s."""
+    out = tmp_path / "local.json"
+    proc = _run("bench", "--size", "512K", "--workers", "2", "--passes", "local", "--max-rows", "100",
+                "--data-dir", str(tmp_path / "data"), "--json", str(out), timeout=110)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (p,) = json.loads(out.read_text())["passes"]
+    # measured: 585 kB with the workers' reads, 282 kB (the parent's: tokenizer, card, parquet footers) without
+    assert p["stopped_early"] and p["read_method"] == "proc_rchar" and p["read_bytes"] > 400_000, p
+
+
 def test_bench_unreachable_endpoint_fails_clearly(tmp_path: Path) -> None:
     proc = _run("bench", "--endpoint", f"http://127.0.0.1:{free_port()}", "--dataset", "demo/tiny-text",
                 "--tokenizer", "demo/tiny-tokenizer", "--json", str(tmp_path / "x.json"), timeout=30)
