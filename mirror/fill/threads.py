@@ -20,13 +20,15 @@ class FillThreads:
         self.streams = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fill-copy")
         # ... one per window in flight, and each parallel fill's hashing of its contiguous prefix ...
         self.windows = ThreadPoolExecutor(max_workers=256, thread_name_prefix="fill-window")
-        # ... and the hashing of a single stream's blocks, beside the reads of the next block.
+        # ... the writes of the blocks those read (one block of each copy at a time: short jobs) ...
+        self.writes = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fill-write")
+        # ... and the hashing of a single stream's blocks, each once written, beside the write of the next.
         self.hashes = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fill-hash")
 
     def shutdown(self) -> None:
         """Let idle threads go. Not waited for: a thread still busy belongs to a fill that is being cancelled, and
         blocking the event loop on it would stall the shutdown it is part of."""
-        for pool in (self.streams, self.windows, self.hashes):
+        for pool in (self.streams, self.windows, self.writes, self.hashes):
             pool.shutdown(wait=False)
 
 
