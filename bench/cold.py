@@ -6,9 +6,8 @@ same file straight from the emulator (a download that also writes the file, onto
 Each round runs both, back to back and in alternating order (the machine may be shared: a paired ratio per round
 says more than two medians taken minutes apart): a fresh mirror and one ``curl`` of the file through it (to
 ``/dev/null``: the mirror writes the file), and ``curl -o`` of the file from the emulator into the same temporary
-folder. Printed: medians of MB/s, the ratio (target >= 0.7), CPU-seconds per GiB of every process, and those of
-the mirror's busiest thread: the bound on a fill's rate where cores are free (a machine shared with other work
-bends MB/s, far less CPU-seconds).
+folder. Printed: medians of MB/s, the ratio (target >= 0.7) and CPU-seconds per GiB of every process (a machine
+shared with other work bends MB/s, far less CPU-seconds). Where the mirror's CPU goes: ``bench.cpu --perf``.
 ``--single-stream`` sets ``HF_MIRROR_PARALLEL_FILL_THRESHOLD=0`` (one upstream connection, hashed in line).
 ``--compare DIR`` adds, to every round, the same cold GET through the mirror of another checkout (e.g.
 ``git worktree add DIR <commit>``): a before/after in one run.
@@ -25,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import BIG_PATH, Report, cpu_seconds, emulator, machine, parse_size, thread_cpu_seconds, write_json
+from bench.common import BIG_PATH, Report, cpu_seconds, emulator, machine, parse_size, write_json
 from tests.support.mirror_proc import MirrorProcess
 
 
@@ -34,10 +33,8 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _timed_curl(args: list[str], pids: dict[str, int], threads_of: int | None = None) -> dict[str, float]:
-    """One curl; its wall time, MB/s, and the CPU-seconds of curl and of each process in ``pids`` meanwhile; with
-    ``threads_of``, also the CPU-seconds of that process's busiest thread (``busiest thread cpu_s``)."""
-    threads = thread_cpu_seconds(threads_of) if threads_of is not None else {}
+def _timed_curl(args: list[str], pids: dict[str, int]) -> dict[str, float]:
+    """One curl; its wall time, MB/s, and the CPU-seconds of curl and of each process in ``pids`` meanwhile."""
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     curl_before = _children_cpu()
     began = time.monotonic()
@@ -46,9 +43,6 @@ def _timed_curl(args: list[str], pids: dict[str, int], threads_of: int | None = 
     wall = time.monotonic() - began
     result = {f"{name} cpu_s": cpu_seconds(pid) - before[name] for name, pid in pids.items()}
     result["curl cpu_s"] = _children_cpu() - curl_before
-    if threads_of is not None:
-        after = thread_cpu_seconds(threads_of)
-        result["busiest thread cpu_s"] = max(t - threads.get(tid, 0.0) for tid, t in after.items())
     result["wall_s"] = wall
     result["mb_s"] = int(out) / wall / 1e6
     return result
@@ -57,7 +51,6 @@ def _timed_curl(args: list[str], pids: dict[str, int], threads_of: int | None = 
 def _to_file(url: str, folder: Path, emulator_pid: int) -> dict[str, float]:
     target = folder / "big.bin"
     result = _timed_curl(["-L", "-o", str(target), url], {"emulator": emulator_pid})
-    result["busiest thread cpu_s"] = result["curl cpu_s"]  # curl is one thread
     target.unlink()
     return result
 
@@ -67,7 +60,7 @@ def _through_mirror(upstream: str, cache: Path, emulator_pid: int, env: dict[str
     with MirrorProcess(upstream, cache, env=env, **({"cwd": tree} if tree else {})) as proc:  # type: ignore[arg-type]
         assert proc.proc is not None
         result = _timed_curl(["-o", "/dev/null", proc.url + BIG_PATH], {"mirror": proc.proc.pid,
-                                                                          "emulator": emulator_pid}, proc.proc.pid)
+                                                                          "emulator": emulator_pid})
     shutil.rmtree(cache)
     return result
 
@@ -108,10 +101,6 @@ def _report(title: str, size: int, cold: list[dict[str, float]], direct: list[di
     report.add("CPU-seconds per GiB: the mirror vs curl -o", statistics.median(c["mirror cpu_s"] for c in cold)
                * per_gib, statistics.median(d["curl cpu_s"] for d in direct) * per_gib, "CPU-s",
                "curl writing the file", higher_is_better=False)
-    report.add("busiest thread, CPU-seconds per GiB", statistics.median(c["busiest thread cpu_s"] for c in cold)
-               * per_gib, statistics.median(d["curl cpu_s"] for d in direct) * per_gib, "CPU-s",
-               "curl, one thread", higher_is_better=False,
-               note="with a core free for each thread, a fill goes at most 1 GiB per this many seconds")
     return report
 
 

@@ -33,8 +33,8 @@ _TICK = os.sysconf("SC_CLK_TCK")
 _CATEGORIES = [
     ("sha256 (libcrypto)", ("libcrypto", "sha256", "SHA256")),
     ("sendfile to the client (kernel)", ("do_sendfile", "__x64_sys_sendfile")),
-    ("write into the page cache (kernel)", ("__x64_sys_pwrite", "ksys_pwrite")),
-    ("read back from the page cache (kernel)", ("__x64_sys_pread", "ksys_pread")),
+    ("write into the page cache (kernel)", ("__x64_sys_pwrite", "ksys_pwrite", "do_pwritev")),
+    ("read back from the page cache (kernel)", ("__x64_sys_pread", "ksys_pread", "do_preadv")),
     ("socket receive (kernel)", ("tcp_recvmsg", "sock_recvmsg", "__x64_sys_recvfrom")),
     ("socket send (kernel)", ("tcp_sendmsg", "__x64_sys_sendto", "__x64_sys_writev")),
     ("futex: thread handoffs (kernel)", ("futex",)),
