@@ -28,6 +28,7 @@ from mirror.integrity import BlobHasher
 from mirror.upstream import BulkBody, RateLimit
 
 _BLOCK_SECONDS = 0.01  # a slow upstream's bytes reach readers at least this often
+_HANDOFF_BYTES = 1024 * 1024  # reads handed to the writer (and hash) stage at once: bounds a copy's bytes in flight
 _READ_SIZE = 1024 * 1024  # per socket read: larger reads allocate more than they fill (measured ~3 GB/s at 1 MiB)
 
 
@@ -111,17 +112,15 @@ def _copy_body(body: BulkBody, fd: int, span: Span, cursor: _Cursor, stop: threa
                hashing: Hashing | None, writes: ThreadPoolExecutor | None) -> None:
     """Blocking: socket → partial file until ``span.end`` or EOF, as a pipeline of three threads.
 
-    This thread reads; each block (``block_size`` bytes or ``_BLOCK_SECONDS`` of reads) goes to a writer thread
-    (one ``pwritev``), then to a hash thread: block N is hashed while N+1 is written and N+2 read, the same bytes
-    objects in every stage (no copy). Each read takes what has arrived, so a slow upstream's first bytes reach
-    readers at once; a block is reported to readers once it is written. On any exit the hash covers exactly the
-    bytes up to ``cursor.offset`` (those written), so a resume can continue from there.
+    This thread reads, and hands each read to the writer stage (:class:`_Stages`): a thread of ``writes`` writes
+    what has queued up (one ``pwritev``) while this one reads on, and a hash thread then hashes it, the same bytes
+    objects in every stage (no copy). Each read takes what has arrived, so a slow upstream's bytes are on disk at
+    once. On any exit the hash covers exactly the bytes up to ``cursor.offset`` (those written), so a resume can
+    continue from there.
     """
     end = span.end
     position = cursor.offset  # bytes read; ``cursor.offset``: bytes written
-    stages = _Stages(fd, cursor, report, writes, hashing)
-    block: list[bytes] = []
-    block_bytes, block_began = 0, time.monotonic()
+    stages = _Stages(fd, cursor, report, block_size, writes, hashing)
     try:
         while position < end and not stop.is_set():
             data = body.read_some(min(_READ_SIZE, end - position + 1))  # +1: notice an upstream sending more
@@ -129,64 +128,102 @@ def _copy_body(body: BulkBody, fd: int, span: Span, cursor: _Cursor, stop: threa
                 break
             if position + len(data) > end:
                 raise IntegrityError(span.too_long())
-            block.append(data)
-            block_bytes += len(data)
             counter.inc(len(data))
             if rate is not None:
                 rate.take(len(data))
-            if block_bytes >= block_size or time.monotonic() - block_began >= _BLOCK_SECONDS:
-                stages.put(block, position + len(data) - block_bytes, block_bytes)
-                block, block_bytes, block_began = [], 0, time.monotonic()
+            stages.put(data, position)
             position += len(data)
     finally:
-        try:
-            if block and not stages.failed():  # what was read before a drop is kept: a resume goes on after it
-                stages.put(block, position - block_bytes, block_bytes)
-        finally:
-            stages.drain()
+        stages.close()  # what was read before a drop is written: a resume goes on after it
         report(cursor.offset)
 
 
 class _Stages:
-    """The writer and hash stages of one copy: one block in each at a time, in order.
+    """The writer and hash stages of one copy.
 
-    A block is hashed only after it is written (the hash never covers a byte a failed write lost), and the next
-    block's write is queued only after the previous one ended (the reader waits there: bounded memory)."""
+    Reads queue up (at most ``_HANDOFF_BYTES``: the reader waits beyond) for one writer job at a time, which writes
+    all that queued in one ``pwritev`` and tells readers every ``block_size`` bytes or ``_BLOCK_SECONDS``. A group
+    is hashed only after it is written (the hash never covers a byte a failed write lost), one group at a time, in
+    order."""
 
-    def __init__(self, fd: int, cursor: _Cursor, report: Callable[[int], None], writes: ThreadPoolExecutor | None,
-                 hashing: Hashing | None) -> None:
-        self.fd, self.cursor, self.report, self.writes, self.hashing = fd, cursor, report, writes, hashing
-        self.writing: Future[None] | None = None
-        self.hashing_block: Future[None] | None = None  # set only by the writer stage, one write at a time
+    def __init__(self, fd: int, cursor: _Cursor, report: Callable[[int], None], block_size: int,
+                 writes: ThreadPoolExecutor | None, hashing: Hashing | None) -> None:
+        self.fd, self.cursor, self.report, self.block_size = fd, cursor, report, block_size
+        self.writes, self.hashing = writes, hashing
+        self.lock = threading.Condition()
+        self.queued: list[bytes] = []
+        self.queued_bytes = 0
+        self.writing = False  # a writer job is running (it drains the queue before it ends)
+        self.error: BaseException | None = None  # a write failed: nothing more is written
+        self.hashed: Future[None] | None = None  # the last group's hash (set by the writer job only)
+        self.untold, self.told_at = 0, time.monotonic()
 
-    def put(self, block: list[bytes], offset: int, length: int) -> None:
+    def put(self, data: bytes, offset: int) -> None:
+        """Queue one read that belongs at ``offset``, right after the ones queued before it."""
+        with self.lock:
+            while self.queued_bytes >= _HANDOFF_BYTES and self.writing and self.error is None:
+                self.lock.wait()
+            if self.error is not None:
+                raise self.error
+            self.queued.append(data)
+            self.queued_bytes += len(data)
+            if self.writing:
+                return
+            self.writing = True
+            start = offset + len(data) - self.queued_bytes
         if self.writes is None:  # no writer pool: the reading thread writes
-            self._write(block, offset, length)
+            self._drain(start)
             return
-        if self.writing is not None:
-            self.writing.result()
-        self.writing = self.writes.submit(self._write, block, offset, length)
-
-    def failed(self) -> bool:
-        return self.writing is not None and self.writing.done() and self.writing.exception() is not None
-
-    def _write(self, block: list[bytes], offset: int, length: int) -> None:
-        _write_all(self.fd, block, offset)
-        self.cursor.offset = offset + length
-        self.report(self.cursor.offset)
-        if self.hashing is not None:
-            if self.hashing_block is not None:
-                self.hashing_block.result()  # the hash is sequential: block N-1 before block N
-            self.hashing_block = self.hashing.pool.submit(_hash_all, self.hashing.hasher, block)
-
-    def drain(self) -> None:
-        """Wait for both stages; a failed write's block was never hashed. Raises the first stage's failure."""
         try:
-            if self.writing is not None:
-                self.writing.result()
-        finally:
-            if self.hashing_block is not None:
-                self.hashing_block.result()
+            self.writes.submit(self._drain, start)
+        except BaseException:  # the pool is shut down: nothing will drain the queue
+            with self.lock:
+                self.writing = False
+                self.lock.notify_all()
+            raise
+
+    def _drain(self, offset: int) -> None:
+        """The writer job: write what queued up, again and again, until the queue is empty."""
+        while True:
+            with self.lock:
+                group, length = self.queued, self.queued_bytes
+                self.queued, self.queued_bytes = [], 0
+                if not group:
+                    self.writing = False
+                    self.lock.notify_all()
+                    return
+                self.lock.notify_all()
+            try:
+                self._write(group, offset, length)
+            except BaseException as exc:  # the reader raises it (close, or its next put)
+                with self.lock:
+                    self.error, self.writing = exc, False
+                    self.queued, self.queued_bytes = [], 0
+                    self.lock.notify_all()
+                return
+            offset += length
+
+    def _write(self, group: list[bytes], offset: int, length: int) -> None:
+        _write_all(self.fd, group, offset)
+        self.cursor.offset = offset + length
+        self.untold += length
+        if self.untold >= self.block_size or time.monotonic() - self.told_at >= _BLOCK_SECONDS:
+            self.report(self.cursor.offset)
+            self.untold, self.told_at = 0, time.monotonic()
+        if self.hashing is not None:
+            if self.hashed is not None:
+                self.hashed.result()  # the hash is sequential: the group before first
+            self.hashed = self.hashing.pool.submit(_hash_all, self.hashing.hasher, group)
+
+    def close(self) -> None:
+        """Wait until every read queued is written and hashed. Raises a write's failure (its bytes never hashed)."""
+        with self.lock:
+            while self.writing:
+                self.lock.wait()
+        if self.hashed is not None:
+            self.hashed.result()
+        if self.error is not None:
+            raise self.error
 
 
 def _hash_all(hasher: BlobHasher, pieces: list[bytes]) -> None:
