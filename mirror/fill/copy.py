@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from mirror.integrity import BlobHasher
 from mirror.upstream import BulkBody, RateLimit
 
 _BLOCK_SECONDS = 0.01  # a slow upstream's bytes reach readers at least this often
-_HANDOFF_BYTES = 1024 * 1024  # reads handed to the writer (and hash) stage at once: bounds a copy's bytes in flight
+_HANDOFF_BYTES = 1024 * 1024  # most bytes queued for a stage of a copy (its reader waits beyond): bounds memory
 _READ_SIZE = 1024 * 1024  # per socket read: larger reads allocate more than they fill (measured ~3 GB/s at 1 MiB)
 
 
@@ -112,15 +113,26 @@ def _copy_body(body: BulkBody, fd: int, span: Span, cursor: _Cursor, stop: threa
                hashing: Hashing | None, writes: ThreadPoolExecutor | None) -> None:
     """Blocking: socket → partial file until ``span.end`` or EOF, as a pipeline of three threads.
 
-    This thread reads, and hands each read to the writer stage (:class:`_Stages`): a thread of ``writes`` writes
-    what has queued up (one ``pwritev``) while this one reads on, and a hash thread then hashes it, the same bytes
-    objects in every stage (no copy). Each read takes what has arrived, so a slow upstream's bytes are on disk at
-    once. On any exit the hash covers exactly the bytes up to ``cursor.offset`` (those written), so a resume can
-    continue from there.
+    This thread reads, and queues each read for the writer lane (:class:`_Lane`): a thread of ``writes`` writes
+    what has queued up (one ``pwritev``) while this one reads on; a hash lane then hashes what was written, the
+    same bytes objects in every stage (no copy). Each read takes what has arrived, so a slow upstream's bytes are
+    on disk at once; readers are told of written bytes every ``block_size`` bytes or ``_BLOCK_SECONDS``. On any
+    exit the hash covers exactly the bytes up to ``cursor.offset`` (those written: a group is hashed only once
+    written), so a resume can continue from there.
     """
     end = span.end
     position = cursor.offset  # bytes read; ``cursor.offset``: bytes written
-    stages = _Stages(fd, cursor, report, block_size, writes, hashing)
+    hash_lane = None if hashing is None else _Lane(hashing.pool, functools.partial(_hash_all, hashing.hasher))
+    told = _Told(report, block_size)
+
+    def write(group: list[bytes], offset: int, length: int) -> None:
+        _write_all(fd, group, offset)
+        cursor.offset = offset + length
+        told.wrote(length, cursor.offset)
+        if hash_lane is not None:
+            hash_lane.put(group, length)
+
+    write_lane = _Lane(writes, write)
     try:
         while position < end and not stop.is_set():
             data = body.read_some(min(_READ_SIZE, end - position + 1))  # +1: notice an upstream sending more
@@ -131,102 +143,100 @@ def _copy_body(body: BulkBody, fd: int, span: Span, cursor: _Cursor, stop: threa
             counter.inc(len(data))
             if rate is not None:
                 rate.take(len(data))
-            stages.put(data, position)
+            write_lane.put([data], len(data), position)
             position += len(data)
     finally:
-        stages.close()  # what was read before a drop is written: a resume goes on after it
-        report(cursor.offset)
+        try:
+            write_lane.close()  # what was read before a drop is written: a resume goes on after it
+        finally:
+            if hash_lane is not None:
+                hash_lane.close()
+            report(cursor.offset)
 
 
-class _Stages:
-    """The writer and hash stages of one copy.
+class _Told:
+    """When the writer lane tells readers: every ``block_size`` bytes written, or ``_BLOCK_SECONDS``."""
 
-    Reads queue up (at most ``_HANDOFF_BYTES``: the reader waits beyond) for one writer job at a time, which writes
-    all that queued in one ``pwritev`` and tells readers every ``block_size`` bytes or ``_BLOCK_SECONDS``. A group
-    is hashed only after it is written (the hash never covers a byte a failed write lost), one group at a time, in
-    order."""
+    def __init__(self, report: Callable[[int], None], block_size: int) -> None:
+        self.report, self.block_size = report, block_size
+        self.untold, self.at = 0, time.monotonic()
 
-    def __init__(self, fd: int, cursor: _Cursor, report: Callable[[int], None], block_size: int,
-                 writes: ThreadPoolExecutor | None, hashing: Hashing | None) -> None:
-        self.fd, self.cursor, self.report, self.block_size = fd, cursor, report, block_size
-        self.writes, self.hashing = writes, hashing
+    def wrote(self, length: int, offset: int) -> None:
+        self.untold += length
+        if self.untold >= self.block_size or time.monotonic() - self.at >= _BLOCK_SECONDS:
+            self.report(offset)
+            self.untold, self.at = 0, time.monotonic()
+
+
+class _Lane:
+    """One stage of a copy: ``work(pieces, offset, length)`` on what queued up, in order, one job at a time.
+
+    Items queue while a job of ``pool`` runs (at most ``_HANDOFF_BYTES``: ``put`` waits beyond), and the job takes
+    all that queued at once, so a fast stage costs one handoff per batch, not per read. Without a pool, ``put``
+    runs the work itself. After a failure nothing more runs; ``put`` and ``close`` raise it."""
+
+    def __init__(self, pool: ThreadPoolExecutor | None, work: Callable[[list[bytes], int, int], None]) -> None:
+        self.pool, self.work = pool, work
         self.lock = threading.Condition()
         self.queued: list[bytes] = []
         self.queued_bytes = 0
-        self.writing = False  # a writer job is running (it drains the queue before it ends)
-        self.error: BaseException | None = None  # a write failed: nothing more is written
-        self.hashed: Future[None] | None = None  # the last group's hash (set by the writer job only)
-        self.untold, self.told_at = 0, time.monotonic()
+        self.offset = -1  # where the queued bytes belong (-1: not placed, a hash)
+        self.running = False
+        self.error: BaseException | None = None
 
-    def put(self, data: bytes, offset: int) -> None:
-        """Queue one read that belongs at ``offset``, right after the ones queued before it."""
+    def put(self, pieces: list[bytes], length: int, offset: int = -1) -> None:
         with self.lock:
-            while self.queued_bytes >= _HANDOFF_BYTES and self.writing and self.error is None:
+            while self.queued_bytes >= _HANDOFF_BYTES and self.running and self.error is None:
                 self.lock.wait()
             if self.error is not None:
                 raise self.error
-            self.queued.append(data)
-            self.queued_bytes += len(data)
-            if self.writing:
+            if not self.queued:
+                self.offset = offset
+            self.queued += pieces
+            self.queued_bytes += length
+            if self.running:
                 return
-            self.writing = True
-            start = offset + len(data) - self.queued_bytes
-        if self.writes is None:  # no writer pool: the reading thread writes
-            self._drain(start)
+            self.running = True
+        if self.pool is None:
+            self._run()
             return
         try:
-            self.writes.submit(self._drain, start)
-        except BaseException:  # the pool is shut down: nothing will drain the queue
+            self.pool.submit(self._run)
+        except BaseException:  # the pool is shut down: nothing will take the queue
             with self.lock:
-                self.writing = False
+                self.running = False
                 self.lock.notify_all()
             raise
 
-    def _drain(self, offset: int) -> None:
-        """The writer job: write what queued up, again and again, until the queue is empty."""
+    def _run(self) -> None:
         while True:
             with self.lock:
-                group, length = self.queued, self.queued_bytes
+                pieces, length, offset = self.queued, self.queued_bytes, self.offset
                 self.queued, self.queued_bytes = [], 0
-                if not group:
-                    self.writing = False
+                if not pieces:
+                    self.running = False
                     self.lock.notify_all()
                     return
                 self.lock.notify_all()
             try:
-                self._write(group, offset, length)
-            except BaseException as exc:  # the reader raises it (close, or its next put)
+                self.work(pieces, offset, length)
+            except BaseException as exc:
                 with self.lock:
-                    self.error, self.writing = exc, False
+                    self.error, self.running = exc, False
                     self.queued, self.queued_bytes = [], 0
                     self.lock.notify_all()
                 return
-            offset += length
-
-    def _write(self, group: list[bytes], offset: int, length: int) -> None:
-        _write_all(self.fd, group, offset)
-        self.cursor.offset = offset + length
-        self.untold += length
-        if self.untold >= self.block_size or time.monotonic() - self.told_at >= _BLOCK_SECONDS:
-            self.report(self.cursor.offset)
-            self.untold, self.told_at = 0, time.monotonic()
-        if self.hashing is not None:
-            if self.hashed is not None:
-                self.hashed.result()  # the hash is sequential: the group before first
-            self.hashed = self.hashing.pool.submit(_hash_all, self.hashing.hasher, group)
 
     def close(self) -> None:
-        """Wait until every read queued is written and hashed. Raises a write's failure (its bytes never hashed)."""
+        """Wait for what queued; raise the failure if one stopped the lane."""
         with self.lock:
-            while self.writing:
+            while self.running:
                 self.lock.wait()
-        if self.hashed is not None:
-            self.hashed.result()
         if self.error is not None:
             raise self.error
 
 
-def _hash_all(hasher: BlobHasher, pieces: list[bytes]) -> None:
+def _hash_all(hasher: BlobHasher, pieces: list[bytes], offset: int, length: int) -> None:
     for piece in pieces:
         hasher.update(piece)
 
