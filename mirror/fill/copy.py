@@ -30,6 +30,7 @@ from mirror.upstream import BulkBody, RateLimit
 
 _BLOCK_SECONDS = 0.01  # a slow upstream's bytes reach readers at least this often
 _HANDOFF_BYTES = 1024 * 1024  # most bytes queued for a stage of a copy (its reader waits beyond): bounds memory
+_LINGER = 0.002  # a stage's job waits this long for more before it ends (a new job per read costs a handoff)
 _READ_SIZE = 1024 * 1024  # per socket read: larger reads allocate more than they fill (measured ~3 GB/s at 1 MiB)
 
 
@@ -172,7 +173,8 @@ class _Lane:
     """One stage of a copy: ``work(pieces, offset, length)`` on what queued up, in order, one job at a time.
 
     Items queue while a job of ``pool`` runs (at most ``_HANDOFF_BYTES``: ``put`` waits beyond), and the job takes
-    all that queued at once, so a fast stage costs one handoff per batch, not per read. Without a pool, ``put``
+    all that queued at once, so a fast stage costs one handoff per batch, not per read; an idle job lingers
+    ``_LINGER`` for the next item before it ends (a new job per read would cost more). Without a pool, ``put``
     runs the work itself. After a failure nothing more runs; ``put`` and ``close`` raise it."""
 
     def __init__(self, pool: ThreadPoolExecutor | None, work: Callable[[list[bytes], int, int], None]) -> None:
@@ -195,6 +197,7 @@ class _Lane:
             self.queued += pieces
             self.queued_bytes += length
             if self.running:
+                self.lock.notify_all()  # a job lingering for more
                 return
             self.running = True
         if self.pool is None:
@@ -211,6 +214,8 @@ class _Lane:
     def _run(self) -> None:
         while True:
             with self.lock:
+                if not self.queued and self.pool is not None:
+                    self.lock.wait(_LINGER)  # the next read is likely close: taking it here spares a handoff
                 pieces, length, offset = self.queued, self.queued_bytes, self.offset
                 self.queued, self.queued_bytes = [], 0
                 if not pieces:
