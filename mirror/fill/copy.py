@@ -1,9 +1,9 @@
 """The one body copy of every fill: socket → partial file at an offset, in a worker thread, telling the readers.
 
 The single stream, each window of a parallel fill (:mod:`mirror.fill.windows`) and a copy from a peer node all copy
-with :func:`copy`. A copy is a pipeline: its thread reads the socket, a writer thread writes each block into the
-page cache (``pwritev``), and a stream that hashes in line (the single stream, a peer copy) hashes each written
-block in a third (hashlib drops the GIL on large blocks), the same bytes objects in every stage. One fill costs
+with :func:`copy`. A stream that hashes in line (the single stream, a peer copy) is a pipeline: its thread reads
+the socket, a writer thread writes what was read into the page cache (``pwritev``), and a third hashes what was
+written (hashlib drops the GIL on large blocks), the same bytes objects in every stage. Such a fill costs
 max(read, write, hash) of wall time instead of their sum, on up to three cores.
 """
 
@@ -76,8 +76,10 @@ async def copy(body: BulkBody, fd: int, span: Span, pool: ThreadPoolExecutor, *,
                hashing: Hashing | None = None, writes: ThreadPoolExecutor | None = None) -> None:
     """Copy ``body`` into ``fd`` from ``span.done`` up to ``span.end`` (or its EOF) in a thread of ``pool``.
 
-    With ``writes``, the blocks read are written by a thread of that pool while the next ones are read (and
-    hashed by ``hashing.pool`` once written): one copy keeps up to three cores busy (:class:`_Stages`).
+    With ``writes``, what was read is written by a thread of that pool while the next bytes are read (and hashed
+    by ``hashing.pool`` once written): one copy keeps up to three cores busy (:class:`_Lane`). The windows of a
+    parallel fill go without: eight of them already read and write side by side, and a handoff per read would
+    only add CPU.
 
     ``on_progress(offset)`` runs on the event loop at least every ``block_size`` bytes or ``_BLOCK_SECONDS``, and
     once at the end; ``span.done`` is where the copy got, however it ended (cancelled too: see :func:`in_thread`).

@@ -20,9 +20,9 @@ class FillThreads:
         self.streams = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fill-copy")
         # ... one per window in flight, and each parallel fill's hashing of its contiguous prefix ...
         self.windows = ThreadPoolExecutor(max_workers=256, thread_name_prefix="fill-window")
-        # ... the writes of the blocks those read (one block of each copy at a time: short jobs) ...
+        # ... the writes of what a single stream (or peer copy) read, one job per stream at a time ...
         self.writes = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fill-write")
-        # ... and the hashing of a single stream's blocks, each once written, beside the write of the next.
+        # ... and the hashing of what such a stream wrote, beside the write of the next bytes.
         self.hashes = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fill-hash")
 
     def shutdown(self) -> None:

@@ -315,7 +315,7 @@ class WindowedFill:
 
         async def copy_span(file: FileBody) -> None:
             await copy(file.body, self.fd, span, self.threads.windows, counter=counter, block_size=_REPORT_BYTES,
-                       on_progress=progress, rate=file.rate, writes=self.threads.writes)
+                       on_progress=progress, rate=file.rate)
 
         await fetch(self.upstream, self.fill.spec, span, self.url, copy_span)
 
