@@ -29,7 +29,8 @@ from mirror.integrity import BlobHasher
 from mirror.upstream import BulkBody, RateLimit
 
 _BLOCK_SECONDS = 0.01  # a slow upstream's bytes reach readers at least this often
-_HANDOFF_BYTES = 1024 * 1024  # most bytes queued for a stage of a copy (its reader waits beyond): bounds memory
+_HANDOFF_BYTES = 4 * 1024 * 1024  # reads handed to a copy's next stage at once (or 10 ms of them), and the most
+# queued there (the hand waits beyond): each handoff wakes a thread, and a few MiB in flight bound the memory
 _LINGER = 0.002  # a stage's job waits this long for more before it ends (a new job per read costs a handoff)
 _READ_SIZE = 1024 * 1024  # per socket read: larger reads allocate more than they fill (measured ~3 GB/s at 1 MiB)
 
@@ -116,26 +117,29 @@ def _copy_body(body: BulkBody, fd: int, span: Span, cursor: _Cursor, stop: threa
                hashing: Hashing | None, writes: ThreadPoolExecutor | None) -> None:
     """Blocking: socket → partial file until ``span.end`` or EOF, as a pipeline of three threads.
 
-    This thread reads, and queues each read for the writer lane (:class:`_Lane`): a thread of ``writes`` writes
-    what has queued up (one ``pwritev``) while this one reads on; a hash lane then hashes what was written, the
-    same bytes objects in every stage (no copy). Each read takes what has arrived, so a slow upstream's bytes are
-    on disk at once; readers are told of written bytes every ``block_size`` bytes or ``_BLOCK_SECONDS``. On any
-    exit the hash covers exactly the bytes up to ``cursor.offset`` (those written: a group is hashed only once
-    written), so a resume can continue from there.
+    This thread reads, and hands its reads over by groups (``block_size`` bytes up to ``_HANDOFF_BYTES``, or what
+    ``_BLOCK_SECONDS`` brought) to the writer lane (:class:`_Lane`): a thread of ``writes`` writes what has queued
+    (one ``pwritev``) while this one reads on; a hash lane then hashes what was written, the same bytes objects in
+    every stage (no copy). Each read takes what has arrived, and readers are told of written bytes every
+    ``block_size`` bytes or ``_BLOCK_SECONDS``, as a slow upstream's bytes come. On any exit the hash covers
+    exactly the bytes up to ``cursor.offset`` (those written: a group is hashed only once written), so a resume
+    can continue from there.
     """
     end = span.end
     position = cursor.offset  # bytes read; ``cursor.offset``: bytes written
     hash_lane = None if hashing is None else _Lane(hashing.pool, functools.partial(_hash_all, hashing.hasher))
     told = _Told(report, block_size)
 
-    def write(group: list[bytes], offset: int, length: int) -> None:
-        _write_all(fd, group, offset)
+    def write(pieces: list[bytes], offset: int, length: int) -> None:
+        _write_all(fd, pieces, offset)
         cursor.offset = offset + length
         told.wrote(length, cursor.offset)
         if hash_lane is not None:
-            hash_lane.put(group, length)
+            hash_lane.put(pieces, length)
 
     write_lane = _Lane(writes, write)
+    group: list[bytes] = []  # reads not yet handed over: a handoff wakes a thread, so it is made per group
+    group_bytes, group_began, group_limit = 0, time.monotonic(), min(block_size, _HANDOFF_BYTES)
     try:
         while position < end and not stop.is_set():
             data = body.read_some(min(_READ_SIZE, end - position + 1))  # +1: notice an upstream sending more
@@ -146,11 +150,19 @@ def _copy_body(body: BulkBody, fd: int, span: Span, cursor: _Cursor, stop: threa
             counter.inc(len(data))
             if rate is not None:
                 rate.take(len(data))
-            write_lane.put([data], len(data), position)
+            group.append(data)
+            group_bytes += len(data)
             position += len(data)
+            if group_bytes >= group_limit or time.monotonic() - group_began >= _BLOCK_SECONDS:
+                write_lane.put(group, group_bytes, position - group_bytes)
+                group, group_bytes, group_began = [], 0, time.monotonic()
     finally:
         try:
-            write_lane.close()  # what was read before a drop is written: a resume goes on after it
+            try:
+                if group and write_lane.error is None:  # what was read before a drop is kept: a resume goes on
+                    write_lane.put(group, group_bytes, position - group_bytes)
+            finally:
+                write_lane.close()
         finally:
             if hash_lane is not None:
                 hash_lane.close()
