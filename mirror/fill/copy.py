@@ -1,23 +1,20 @@
 """The one body copy of every fill: socket → partial file at an offset, in a worker thread, telling the readers.
 
 The single stream, each window of a parallel fill (:mod:`mirror.fill.windows`) and a copy from a peer node all copy
-with :func:`copy`. A stream that hashes in line (the single stream, a peer copy) is a pipeline: its thread reads
-the socket, a writer thread writes what was read into the page cache (``pwritev``), and a third hashes what was
-written (hashlib drops the GIL on large blocks), the same bytes objects in every stage. Such a fill costs
-max(read, write, hash) of wall time instead of their sum, on up to three cores.
+with :func:`copy`. A stream that hashes in line (the single stream, a peer copy) hashes beside the socket reads and
+disk writes (hashlib drops the GIL on large blocks), so it costs max(read + write, hash) instead of their sum.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,9 +26,6 @@ from mirror.integrity import BlobHasher
 from mirror.upstream import BulkBody, RateLimit
 
 _BLOCK_SECONDS = 0.01  # a slow upstream's bytes reach readers at least this often
-_HANDOFF_BYTES = 4 * 1024 * 1024  # reads handed to a copy's next stage at once (or 10 ms of them), and the most
-# queued there (the hand waits beyond): each handoff wakes a thread, and a few MiB in flight bound the memory
-_LINGER = 0.002  # a stage's job waits this long for more before it ends (a new job per read costs a handoff)
 _READ_SIZE = 1024 * 1024  # per socket read: larger reads allocate more than they fill (measured ~3 GB/s at 1 MiB)
 
 
@@ -74,13 +68,8 @@ class Hashing:
 
 async def copy(body: BulkBody, fd: int, span: Span, pool: ThreadPoolExecutor, *, counter: Counter, block_size: int,
                on_progress: Callable[[int], None], rate: RateLimit | None = None,
-               hashing: Hashing | None = None, writes: ThreadPoolExecutor | None = None) -> None:
+               hashing: Hashing | None = None) -> None:
     """Copy ``body`` into ``fd`` from ``span.done`` up to ``span.end`` (or its EOF) in a thread of ``pool``.
-
-    With ``writes``, what was read is written by a thread of that pool while the next bytes are read (and hashed
-    by ``hashing.pool`` once written): one copy keeps up to three cores busy (:class:`_Lane`). The windows of a
-    parallel fill go without: eight of them already read and write side by side, and a handoff per read would
-    only add CPU.
 
     ``on_progress(offset)`` runs on the event loop at least every ``block_size`` bytes or ``_BLOCK_SECONDS``, and
     once at the end; ``span.done`` is where the copy got, however it ended (cancelled too: see :func:`in_thread`).
@@ -96,7 +85,7 @@ async def copy(body: BulkBody, fd: int, span: Span, pool: ThreadPoolExecutor, *,
             loop.call_soon_threadsafe(on_progress, offset)
 
     def run(stop: threading.Event) -> None:
-        _copy_body(body, fd, span, cursor, stop, report, counter, block_size, rate, hashing, writes)
+        _copy_body(body, fd, span, cursor, stop, report, counter, block_size, rate, hashing)
 
     try:
         await in_thread(pool, run, body.abort)
@@ -114,168 +103,58 @@ class _Cursor:
 
 def _copy_body(body: BulkBody, fd: int, span: Span, cursor: _Cursor, stop: threading.Event,
                report: Callable[[int], None], counter: Counter, block_size: int, rate: RateLimit | None,
-               hashing: Hashing | None, writes: ThreadPoolExecutor | None) -> None:
-    """Blocking: socket → partial file until ``span.end`` or EOF, as a pipeline of three threads.
+               hashing: Hashing | None) -> None:
+    """Blocking: socket → partial file until ``span.end`` or EOF.
 
-    This thread reads, and hands its reads over by groups (``block_size`` bytes up to ``_HANDOFF_BYTES``, or what
-    ``_BLOCK_SECONDS`` brought) to the writer lane (:class:`_Lane`): a thread of ``writes`` writes what has queued
-    (one ``pwritev``) while this one reads on; a hash lane then hashes what was written, the same bytes objects in
-    every stage (no copy). Each read takes what has arrived, and readers are told of written bytes every
-    ``block_size`` bytes or ``_BLOCK_SECONDS``, as a slow upstream's bytes come. On any exit the hash covers
-    exactly the bytes up to ``cursor.offset`` (those written: a group is hashed only once written), so a resume
-    can continue from there.
+    Each read takes what has arrived, so a slow upstream's first bytes reach readers at once. Hashing and progress
+    go by blocks (``block_size`` bytes or ``_BLOCK_SECONDS``), the hash of one block beside the reads of the next.
+    On any exit the hash covers exactly the bytes up to ``cursor.offset``, so a resume can continue from there.
     """
     end = span.end
-    position = cursor.offset  # bytes read; ``cursor.offset``: bytes written
-    hash_lane = None if hashing is None else _Lane(hashing.pool, functools.partial(_hash_all, hashing.hasher))
-    told = _Told(report, block_size)
-
-    def write(pieces: list[bytes], offset: int, length: int) -> None:
-        _write_all(fd, pieces, offset)
-        cursor.offset = offset + length
-        told.wrote(length, cursor.offset)
-        if hash_lane is not None:
-            hash_lane.put(pieces, length)
-
-    write_lane = _Lane(writes, write)
-    group: list[bytes] = []  # reads not yet handed over: a handoff wakes a thread, so it is made per group
-    group_bytes, group_began, group_limit = 0, time.monotonic(), min(block_size, _HANDOFF_BYTES)
+    pending: Future[None] | None = None
+    block: list[bytes] = []
+    block_bytes, block_began = 0, time.monotonic()
     try:
-        while position < end and not stop.is_set():
-            data = body.read_some(min(_READ_SIZE, end - position + 1))  # +1: notice an upstream sending more
+        while cursor.offset < end and not stop.is_set():
+            data = body.read_some(min(_READ_SIZE, end - cursor.offset + 1))  # +1: notice an upstream sending more
             if not data:
                 break
-            if position + len(data) > end:
+            if cursor.offset + len(data) > end:
                 raise IntegrityError(span.too_long())
+            _write_all(fd, data, cursor.offset)
+            cursor.offset += len(data)
             counter.inc(len(data))
             if rate is not None:
                 rate.take(len(data))
-            group.append(data)
-            group_bytes += len(data)
-            position += len(data)
-            if group_bytes >= group_limit or time.monotonic() - group_began >= _BLOCK_SECONDS:
-                write_lane.put(group, group_bytes, position - group_bytes)
-                group, group_bytes, group_began = [], 0, time.monotonic()
+            if hashing is not None:
+                block.append(data)
+            block_bytes += len(data)
+            if block_bytes >= block_size or time.monotonic() - block_began >= _BLOCK_SECONDS:
+                if hashing is not None:
+                    if pending is not None:
+                        pending.result()
+                    pending = hashing.pool.submit(_hash_all, hashing.hasher, block)
+                block, block_bytes, block_began = [], 0, time.monotonic()
+                report(cursor.offset)
     finally:
-        try:
-            try:
-                if group and write_lane.error is None:  # what was read before a drop is kept: a resume goes on
-                    write_lane.put(group, group_bytes, position - group_bytes)
-            finally:
-                write_lane.close()
-        finally:
-            if hash_lane is not None:
-                hash_lane.close()
-            report(cursor.offset)
+        if pending is not None:
+            pending.result()
+        if hashing is not None:
+            _hash_all(hashing.hasher, block)
+        report(cursor.offset)
 
 
-class _Told:
-    """When the writer lane tells readers: every ``block_size`` bytes written, or ``_BLOCK_SECONDS``."""
-
-    def __init__(self, report: Callable[[int], None], block_size: int) -> None:
-        self.report, self.block_size = report, block_size
-        self.untold, self.at = 0, time.monotonic()
-
-    def wrote(self, length: int, offset: int) -> None:
-        self.untold += length
-        if self.untold >= self.block_size or time.monotonic() - self.at >= _BLOCK_SECONDS:
-            self.report(offset)
-            self.untold, self.at = 0, time.monotonic()
-
-
-class _Lane:
-    """One stage of a copy: ``work(pieces, offset, length)`` on what queued up, in order, one job at a time.
-
-    Items queue while a job of ``pool`` runs (at most ``_HANDOFF_BYTES``: ``put`` waits beyond), and the job takes
-    all that queued at once, so a fast stage costs one handoff per batch, not per read; an idle job lingers
-    ``_LINGER`` for the next item before it ends (a new job per read would cost more). Without a pool, ``put``
-    runs the work itself. After a failure nothing more runs; ``put`` and ``close`` raise it."""
-
-    def __init__(self, pool: ThreadPoolExecutor | None, work: Callable[[list[bytes], int, int], None]) -> None:
-        self.pool, self.work = pool, work
-        self.lock = threading.Condition()
-        self.queued: list[bytes] = []
-        self.queued_bytes = 0
-        self.offset = -1  # where the queued bytes belong (-1: not placed, a hash)
-        self.running = False
-        self.error: BaseException | None = None
-
-    def put(self, pieces: list[bytes], length: int, offset: int = -1) -> None:
-        with self.lock:
-            while self.queued_bytes >= _HANDOFF_BYTES and self.running and self.error is None:
-                self.lock.wait()
-            if self.error is not None:
-                raise self.error
-            if not self.queued:
-                self.offset = offset
-            self.queued += pieces
-            self.queued_bytes += length
-            if self.running:
-                self.lock.notify_all()  # a job lingering for more
-                return
-            self.running = True
-        if self.pool is None:
-            self._run()
-            return
-        try:
-            self.pool.submit(self._run)
-        except BaseException:  # the pool is shut down: nothing will take the queue
-            with self.lock:
-                self.running = False
-                self.lock.notify_all()
-            raise
-
-    def _run(self) -> None:
-        while True:
-            with self.lock:
-                if not self.queued and self.pool is not None:
-                    self.lock.wait(_LINGER)  # the next read is likely close: taking it here spares a handoff
-                pieces, length, offset = self.queued, self.queued_bytes, self.offset
-                self.queued, self.queued_bytes = [], 0
-                if not pieces:
-                    self.running = False
-                    self.lock.notify_all()
-                    return
-                self.lock.notify_all()
-            try:
-                self.work(pieces, offset, length)
-            except BaseException as exc:
-                with self.lock:
-                    self.error, self.running = exc, False
-                    self.queued, self.queued_bytes = [], 0
-                    self.lock.notify_all()
-                return
-
-    def close(self) -> None:
-        """Wait for what queued; raise the failure if one stopped the lane."""
-        with self.lock:
-            while self.running:
-                self.lock.wait()
-        if self.error is not None:
-            raise self.error
-
-
-def _hash_all(hasher: BlobHasher, pieces: list[bytes], offset: int, length: int) -> None:
+def _hash_all(hasher: BlobHasher, pieces: list[bytes]) -> None:
     for piece in pieces:
         hasher.update(piece)
 
 
-_IOV_MAX = 512  # pieces per pwritev (Linux takes 1024)
-
-
-def _write_all(fd: int, pieces: list[bytes], offset: int) -> None:
-    """``pieces`` at ``offset``, in as few ``pwritev`` calls as the kernel takes."""
-    views = [memoryview(piece) for piece in pieces]
-    while views:
-        batch = views[:_IOV_MAX]
-        written = os.pwritev(fd, batch, offset)
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
         offset += written
-        while written and views:  # drop what was written, keep the rest of a piece cut short
-            if written >= len(views[0]):
-                written -= len(views.pop(0))
-            else:
-                views[0] = views[0][written:]
-                written = 0
 
 
 def hash_range(fd: int, hasher: BlobHasher, start: int, end: int, stop: threading.Event,

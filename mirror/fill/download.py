@@ -65,7 +65,7 @@ async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metri
 
         async def copy_stream(file: FileBody) -> None:
             await copy(file.body, fd, stream, threads.streams, counter=metrics.bytes_fetched, block_size=chunk_size,
-                       on_progress=fill.advance, rate=file.rate, hashing=hashing, writes=threads.writes)
+                       on_progress=fill.advance, rate=file.rate, hashing=hashing)
 
         await fetch(upstream, spec, stream, url, copy_stream)
         if not hasher.matches():

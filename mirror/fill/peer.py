@@ -143,7 +143,7 @@ class Follower:
                 try:
                     await copy_body(body, fd, span, self.threads.streams, counter=self.metrics.bytes_from_peers,
                                     block_size=self.chunk_size, on_progress=fill.advance,
-                                    hashing=Hashing(copy.hasher, self.threads.hashes), writes=self.threads.writes)
+                                    hashing=Hashing(copy.hasher, self.threads.hashes))
                 finally:
                     copy.offset = span.done
         except MirrorError as exc:

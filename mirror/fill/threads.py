@@ -20,15 +20,13 @@ class FillThreads:
         self.streams = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fill-copy")
         # ... one per window in flight, and each parallel fill's hashing of its contiguous prefix ...
         self.windows = ThreadPoolExecutor(max_workers=256, thread_name_prefix="fill-window")
-        # ... the writes of what a single stream (or peer copy) read, one job per stream at a time ...
-        self.writes = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fill-write")
-        # ... and the hashing of what such a stream wrote, beside the write of the next bytes.
+        # ... and the hashing of a single stream's blocks, beside the reads of the next block.
         self.hashes = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fill-hash")
 
     def shutdown(self) -> None:
         """Let idle threads go. Not waited for: a thread still busy belongs to a fill that is being cancelled, and
         blocking the event loop on it would stall the shutdown it is part of."""
-        for pool in (self.streams, self.windows, self.writes, self.hashes):
+        for pool in (self.streams, self.windows, self.hashes):
             pool.shutdown(wait=False)
 
 

@@ -1,4 +1,4 @@
-"""The body copy's pipeline (read → write → hash, each stage in its own thread): readers are told only of bytes on
+"""The body copy (socket → partial file in one thread, hashed beside in another): readers are told only of bytes on
 disk, and however a copy ends the hash covers exactly the bytes written (what a resume continues from)."""
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ def _run(body: _Body, path: Path, span: Span, hasher: object, *, read_only: bool
         seen.append(offset)
 
     async def main() -> None:
-        with ThreadPoolExecutor(2) as reads, ThreadPoolExecutor(2) as writes, ThreadPoolExecutor(2) as hashes:
+        with ThreadPoolExecutor(2) as reads, ThreadPoolExecutor(2) as hashes:
             await copy(body, fd, span, reads, counter=_Counter(), block_size=256 * 1024,  # type: ignore[arg-type]
-                       on_progress=progress, hashing=Hashing(hasher, hashes), writes=writes)  # type: ignore[arg-type]
+                       on_progress=progress, hashing=Hashing(hasher, hashes))  # type: ignore[arg-type]
 
     try:
         asyncio.run(main())
