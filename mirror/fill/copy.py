@@ -20,7 +20,7 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
-from mirror.errors import IntegrityError, UpstreamUnavailable
+from mirror.errors import IntegrityError
 from mirror.fill.threads import in_thread
 from mirror.integrity import BlobHasher
 from mirror.upstream import BulkBody, RateLimit
@@ -155,21 +155,6 @@ def _write_all(fd: int, data: bytes, offset: int) -> None:
         written = os.pwrite(fd, view, offset)
         view = view[written:]
         offset += written
-
-
-def hash_range(fd: int, hasher: BlobHasher, start: int, end: int, stop: threading.Event,
-               buffer: bytearray) -> int:
-    """Hash bytes ``start..end`` of ``fd`` in order, read back into ``buffer`` (reused: no allocation, no fresh
-    pages per read); returns where it got (``end``, or less when ``stop`` was set). Raises at a short file."""
-    view = memoryview(buffer)
-    position = start
-    while position < end and not stop.is_set():
-        count = os.preadv(fd, [view[:min(len(view), end - position)]], position)
-        if not count:
-            raise UpstreamUnavailable("the partial file is shorter than the bytes written to it")
-        hasher.update(view[:count])
-        position += count
-    return position
 
 
 def resume_offset(fd: int, size: int, hasher: BlobHasher, chunk_size: int, partial: Path | None = None) -> int:

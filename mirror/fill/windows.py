@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import statistics
 import threading
 import time
@@ -27,8 +28,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from mirror.config import Settings
-from mirror.errors import FillPaused
-from mirror.fill.copy import Span, copy, hash_range, read_windows, write_prefix, write_windows
+from mirror.errors import FillPaused, UpstreamUnavailable
+from mirror.fill.copy import Span, copy, read_windows, write_prefix, write_windows
 from mirror.fill.resume import SignedUrl, fetch
 from mirror.fill.state import Fill
 from mirror.fill.threads import FillThreads, in_thread, settle
@@ -42,7 +43,6 @@ _WATCH_SECONDS = 0.2  # how often the windows in flight are sampled for a laggar
 _HEDGE_SLOWER = 8  # a window this many times slower than the median of the others is asked again
 _FINISHED_RATES = 8  # the rates of the last windows finished, compared with too (a tail window has no peers left)
 _WINDOWS_FILE_SECONDS = 0.2  # the windows map (sparse partial files) is rewritten at most this often
-_HASH_READ = 1024 * 1024  # the hash reads the prefix back in pieces of this (a buffer that stays in the CPU cache)
 _SPARSE_LINGER = 2.0  # a sparse fill with no reader and nothing asked pauses after this many seconds
 
 
@@ -99,7 +99,6 @@ class WindowedFill:
         self._wanted: set[int] = set()  # windows a reader waits for, taken before the next in order
         self.contiguous = offset  # bytes on disk without a hole
         self.hashed = offset  # bytes hashed, in order
-        self._hash_buffer = bytearray(min(chunk_size, _HASH_READ))  # the prefix is read back into this, reused
         self._next = 0
         self._more = asyncio.Event()  # the contiguous prefix grew
         self._prefix_written_at = 0.0
@@ -378,4 +377,9 @@ class WindowedFill:
             await in_thread(self.threads.windows, functools.partial(self._hash_to, self.contiguous))
 
     def _hash_to(self, end: int, stop: threading.Event) -> None:
-        self.hashed = hash_range(self.fd, self.hasher, self.hashed, end, stop, self._hash_buffer)
+        while self.hashed < end and not stop.is_set():
+            data = os.pread(self.fd, min(self.chunk_size, end - self.hashed), self.hashed)
+            if not data:
+                raise UpstreamUnavailable("the partial file is shorter than the bytes written to it")
+            self.hasher.update(data)
+            self.hashed += len(data)

@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from mirror.errors import UpstreamUnavailable
-from mirror.fill.copy import Hashing, Span, copy, hash_range
+from mirror.fill.copy import Hashing, Span, copy
 from mirror.integrity import BlobHasher
 
 DATA = os.urandom(3 * 1024 * 1024 + 12345)
@@ -100,14 +99,3 @@ def test_a_failed_write_hashes_nothing_it_lost(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         _run(_Body(DATA, 70_000), tmp_path / "part", span, hasher, read_only=True)  # every write fails
     assert span.done == 0 and not hasher.data
-
-
-def test_hash_range_reads_back_through_one_buffer(tmp_path: Path) -> None:
-    (tmp_path / "f").write_bytes(DATA)
-    fd = os.open(tmp_path / "f", os.O_RDONLY)
-    try:
-        hasher = _Recorder()
-        got = hash_range(fd, hasher, 1000, len(DATA) - 7, threading.Event(), bytearray(64 * 1024))  # type: ignore[arg-type]
-        assert got == len(DATA) - 7 and bytes(hasher.data) == DATA[1000:-7]
-    finally:
-        os.close(fd)
