@@ -145,6 +145,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU-seconds of each thread of a process (user + system), by thread id."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 class PeakRss:
     """Samples the peak resident memory of a process and its children (the mirror's workers) every 20 ms."""
 

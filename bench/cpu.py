@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import BIG_PATH, cpu_seconds, curl, emulator, finish, mirror, parse_size
+from bench.common import BIG_PATH, cpu_seconds, curl, emulator, finish, mirror, parse_size, thread_cpu_seconds
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -33,8 +33,8 @@ _TICK = os.sysconf("SC_CLK_TCK")
 _CATEGORIES = [
     ("sha256 (libcrypto)", ("libcrypto", "sha256", "SHA256")),
     ("sendfile to the client (kernel)", ("do_sendfile", "__x64_sys_sendfile")),
-    ("write into the page cache (kernel)", ("__x64_sys_pwrite", "ksys_pwrite")),
-    ("read back from the page cache (kernel)", ("__x64_sys_pread", "ksys_pread")),
+    ("write into the page cache (kernel)", ("__x64_sys_pwrite", "ksys_pwrite", "do_pwritev")),
+    ("read back from the page cache (kernel)", ("__x64_sys_pread", "ksys_pread", "do_preadv")),
     ("socket receive (kernel)", ("tcp_recvmsg", "sock_recvmsg", "__x64_sys_recvfrom")),
     ("socket send (kernel)", ("tcp_sendmsg", "__x64_sys_sendto", "__x64_sys_writev")),
     ("futex: thread handoffs (kernel)", ("futex",)),
@@ -45,17 +45,6 @@ _CATEGORIES = [
     ("malloc/free, memcpy (user)", ("malloc", "free", "_int_", "memcpy", "memmove", "PyObject_Malloc")),
     ("Python interpreter (user)", ("libpython", "python3")),
 ]
-
-
-def _threads(pid: int) -> dict[int, float]:
-    out = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / _TICK
-    return out
 
 
 def _children_cpu() -> float:
@@ -151,9 +140,9 @@ def main() -> None:
                 assert proc.proc is not None
                 roles = {"mirror": proc.proc.pid, "emulator": emu.proc.pid}
                 samplers = _start_samplers(args, run, roles)
-                before = _threads(proc.proc.pid)
+                before = thread_cpu_seconds(proc.proc.pid)
                 cold.append(_download(proc.url + BIG_PATH, roles, follow=False))
-                after = _threads(proc.proc.pid)
+                after = thread_cpu_seconds(proc.proc.pid)
                 loop = after.pop(proc.proc.pid) - before.get(proc.proc.pid, 0.0)
                 threads.append((loop, sorted((after[t] - before.get(t, 0.0) for t in after), reverse=True)))
                 for sampler in samplers:

@@ -66,6 +66,19 @@ def test_cold_only_and_cpu_small(tmp_path: Path) -> None:
     assert "mirror cpu_s" in proc.stdout and "sha256 here cpu_s" in proc.stdout
 
 
+def test_cold_against_curl_o_small(tmp_path: Path) -> None:
+    out = tmp_path / "cold.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.cold", "--size", "8M", "--runs", "2", "--compare",
+                           str(REPO_ROOT), "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    reports = json.loads(out.read_text())["reports"]
+    assert len(reports) == 2  # this checkout, and the one compared
+    for report in reports:
+        rows = {row["measure"]: row for row in report["rows"]}
+        assert len(rows["throughput"]["paired_ratios"]) == 2 and rows["throughput"]["ratio"] > 0
+
+
 def test_huge_small(tmp_path: Path) -> None:
     out = tmp_path / "huge.json"
     proc = subprocess.run([sys.executable, "-m", "bench.huge", "--size", "96M", "--workdir", str(tmp_path),
