@@ -31,7 +31,12 @@ Available = Callable[[int], Awaitable[int]]
 
 
 class _ZeroCopy:
-    """What the zero-copy path needs from uvicorn's request cycle, or ``None`` when it is not available."""
+    """What the zero-copy path needs from uvicorn's request cycle, or ``None`` when it is not available.
+
+    ``sock_fd`` is a duplicate of the connection's socket descriptor, taken while the connection is alive and
+    closed by :meth:`close`. The worker thread writes to it while the event loop may close the transport: with the
+    transport's own descriptor, that number could by then belong to a new connection, and a file's bytes would go
+    to another client. The duplicate keeps naming this connection's socket whatever the transport does."""
 
     def __init__(self, cycle: object, sock_fd: int, transport: object) -> None:
         self.cycle = cycle
@@ -44,12 +49,15 @@ class _ZeroCopy:
         transport = getattr(cycle, "transport", None)
         if cycle is None or transport is None or not hasattr(cycle, "expected_content_length"):
             return None
-        if transport.get_extra_info("sslcontext") is not None:
+        if transport.is_closing() or transport.get_extra_info("sslcontext") is not None:
             return None
         sock = transport.get_extra_info("socket")
-        if sock is None:
+        if sock is None or sock.fileno() < 0:
             return None
-        return cls(cycle, sock.fileno(), transport)
+        return cls(cycle, os.dup(sock.fileno()), transport)
+
+    def close(self) -> None:
+        os.close(self.sock_fd)
 
 
 async def send_file_range(send: Send, path: str, start: int, length: int, chunk_size: int,
@@ -70,7 +78,10 @@ async def send_fd_range(send: Send, fd: int, start: int, length: int, chunk_size
     """Like :func:`send_file_range` for an open fd; with ``available``, of a file that is still growing."""
     zero_copy = _ZeroCopy.probe(raw_send or send) if length >= _SENDFILE_MIN else None
     if zero_copy is not None:
-        sent = await _sendfile(zero_copy, send, fd, start, length, available)
+        try:
+            sent = await _sendfile(zero_copy, send, fd, start, length, available)
+        finally:
+            zero_copy.close()
         if sent is not None:
             return sent
     return await _pread_loop(send, fd, start, length, chunk_size, disconnected, available)
