@@ -18,8 +18,15 @@ from mirror.viewer.service import VIEWER_ENDPOINTS, ViewerResult, ViewerService,
 VIEWER_HOST_PREFIX = "datasets-server."
 
 
+_VIEWER_HOST_BYTES = VIEWER_HOST_PREFIX.encode()
+
+
 def is_viewer_host(scope: Scope) -> bool:
-    return (header(scope, b"host") or "").lower().startswith(VIEWER_HOST_PREFIX)
+    """Whether the request's Host is ``datasets-server.<this host>`` (every request asks: bytes, no decoding)."""
+    for key, value in scope["headers"]:
+        if key == b"host":
+            return value[:len(_VIEWER_HOST_BYTES)].lower() == _VIEWER_HOST_BYTES
+    return False
 
 
 def viewer_target(raw_path: str, query: list[tuple[str, str]]) -> tuple[str, hf.RepoRef]:
