@@ -519,7 +519,7 @@ async def test_another_process_reads_the_windows_a_sparse_fill_holds(tmp_path: P
         assert fill is not None
         assert await read_range(leader, fill, start, end) == content[start:end + 1]
         async with leader.reading(fill):  # a reader stays: the leader keeps its lease, its fill does not pause
-            partial = LocalBlobStore(tmp_path).partial_path(spec.etag)
+            partial = LocalBlobStore(CacheLayout(tmp_path)).partial_path(spec.etag)
             while sum(b - a for a, b in held_windows(partial)) < 2 * window:  # the map lists both (within 0.2 s)
                 await asyncio.sleep(0.02)
             asked = len(upstream.requests)

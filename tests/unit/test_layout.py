@@ -123,7 +123,8 @@ async def test_the_sweep_tells_every_name_in_partials_apart(tmp_path: Path) -> N
     layout.import_copy(done).write_bytes(b"an import on its way")
     (layout.partials_dir / "README").write_text("not ours")
     old = time.time() - 8 * 24 * 3600
-    os.utime(layout.partial(done), (old, old))  # nobody resumed it for a week, nobody holds its lease
+    for path in (layout.partial(done), *CacheLayout.notes(layout.partial(done))):
+        os.utime(path, (old, old))  # nobody resumed it (nor read its windows) for a week, nobody holds its lease
     index = MetadataIndex(layout.index_dir)
     try:
         cache = CacheManager(store, index, Metrics(), max_size=None, is_busy=lambda _e: False, layout=layout)

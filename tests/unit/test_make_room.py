@@ -57,12 +57,13 @@ async def test_sparse_partials_count_in_the_quota_and_go_by_lru(tmp_path: Path) 
     import os
 
     from mirror.cache import CacheManager
-    from mirror.fill.copy import prefix_path, sparse_partials, windows_path, write_prefix, write_windows
+    from mirror.fill.copy import sparse_partials, write_prefix, write_windows
     from mirror.index import MetadataIndex
+    from mirror.layout import CacheLayout
     from mirror.metrics import Metrics
     from mirror.storage.local import LocalBlobStore
 
-    store = LocalBlobStore(tmp_path / "cache")
+    store = LocalBlobStore(CacheLayout(tmp_path / "cache"))
     data = b"b" * 1000
     blob_etag = hashlib.sha256(data).hexdigest()
     partial = store.partial_path(blob_etag)
@@ -79,7 +80,7 @@ async def test_sparse_partials_count_in_the_quota_and_go_by_lru(tmp_path: Path) 
             write_windows(partial, fd, 4096, [(4096, 4496)])
         finally:
             os.close(fd)
-        os.utime(windows_path(partial), (used, used))
+        os.utime(CacheLayout.windows_map(partial), (used, used))
         sparse.append(partial)
     assert [(s.etag, s.held) for s in sorted(sparse_partials(store.partials_dir), key=lambda s: s.etag)] == [
         (f"{0:064x}", 400), (f"{1:064x}", 400)]
@@ -88,16 +89,16 @@ async def test_sparse_partials_count_in_the_quota_and_go_by_lru(tmp_path: Path) 
     busy = {f"{1:064x}"}
     try:
         cache = CacheManager(store, index, metrics, max_size=10_000, is_busy=lambda e: e in busy,
-                             root=tmp_path / "cache")
+                             layout=CacheLayout(tmp_path / "cache"))
         report = await cache.collect(max_size=1_500)  # 1,800 bytes: the least recently used sparse file goes
         assert report.freed_bytes == 400 and report.total_bytes == 1_400
-        assert not sparse[0].exists() and not windows_path(sparse[0]).exists() and not prefix_path(sparse[0]).exists()
+        assert not any(path.exists() for path in (sparse[0], *CacheLayout.notes(sparse[0])))
         assert sparse[1].exists() and store.blob_path(blob_etag).exists()
         assert metrics.sparse_files._value.get() == 1 and metrics.sparse_bytes._value.get() == 400  # noqa: SLF001
         report = await cache.collect(max_size=100)  # the blob goes next; the sparse file being filled stays
         assert not store.blob_path(blob_etag).exists() and sparse[1].exists()
         busy.clear()
-        other = LocalBlobStore(tmp_path / "cache")  # another process of the node
+        other = LocalBlobStore(CacheLayout(tmp_path / "cache"))  # another process of the node
         assert await other.acquire_lease(f"{1:064x}", "another fill", 60)  # it fills it: it stays too
         await cache.collect(max_size=100)
         assert sparse[1].exists()
