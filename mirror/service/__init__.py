@@ -97,10 +97,10 @@ class MirrorService:
         return await self.file_service.head_outcome(resolved)
 
     async def open_blob(self, resolved: ResolvedFile, caller: Caller, start: int, end: int,
-                        detached: bool = False) -> BlobSource:
+                        detached: bool = False, whole: bool = False) -> BlobSource:
         """Where the bytes ``start..end`` of a file come from (Cached | Filling | Relay):
         :meth:`FileService.open_blob`."""
-        return await self.file_service.open_blob(resolved, caller, start, end, detached)
+        return await self.file_service.open_blob(resolved, caller, start, end, detached, whole)
 
     def relay_file(self, relay: Relay, chunk_size: int) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
         """The relayed bytes of ``relay``, as they arrive from upstream: :meth:`FileService.relay_file`."""
@@ -120,9 +120,9 @@ class MirrorService:
         return await self.file_service.lfs_outcome(repo, commit, path, etag, size)
 
     async def open_xorb(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int, caller: Caller,
-                        start: int, end: int) -> BlobSource:
+                        start: int, end: int, whole: bool = False) -> BlobSource:
         """Where the bytes of an LFS file framed into a Xet xorb come from: :meth:`FileService.open_xorb`."""
-        return await self.file_service.open_xorb(repo, commit, path, etag, size, caller, start, end)
+        return await self.file_service.open_xorb(repo, commit, path, etag, size, caller, start, end, whole)
 
     # --- the API side ----------------------------------------------------------------------------------------------
 

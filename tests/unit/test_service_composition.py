@@ -179,3 +179,23 @@ async def test_a_read_cached_per_repo_is_served_stale_by_the_api_sides_rule(
     with pytest.raises(UpstreamUnavailable, match="cannot be confirmed"):
         await service.read(route, target, raw_path, [], stranger, revalidate=True)
     assert parts.metrics.registry.get_sample_value("hf_mirror_stale_served_total") == 1
+
+
+def test_every_delegating_method_takes_what_its_side_takes() -> None:
+    """MirrorService repeats each side's signature: a parameter added to a side and not to the facade would make
+    every caller through the facade fail (it did once: ``whole`` on open_xorb, a 500 on every Xet download)."""
+    import inspect
+
+    from mirror.service.api import ApiService
+    from mirror.service.core import ServiceCore
+    from mirror.service.files import FileService
+    from mirror.service.reads import ReadService
+
+    checked = 0
+    for name, method in inspect.getmembers(MirrorService, inspect.isfunction):
+        for side in (FileService, ApiService, ReadService, ServiceCore):
+            if not name.startswith("_") and hasattr(side, name):
+                facade, own = inspect.signature(method), inspect.signature(getattr(side, name))
+                assert list(facade.parameters.values()) == list(own.parameters.values()), (name, facade, own)
+                checked += 1
+    assert checked >= 15
