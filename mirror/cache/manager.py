@@ -143,15 +143,19 @@ class CacheManager(UsageReports, Maintenance):
                 if not isinstance(item, SparsePartial):
                     run.append(item)
                     continue
-                gone += await self._evict_run(run, total - sum(b.size for b in gone) - dropped - limit)
-                if total - sum(b.size for b in gone) - dropped <= limit:
+                evicted_run = await self._evict_run(run, total - limit)
+                gone += evicted_run
+                total -= sum(b.size for b in evicted_run)
+                if total <= limit:
                     break
                 if not self.is_busy(item.etag) and await self._drop_sparse(item):
                     dropped += item.held
+                    total -= item.held
                     self.metrics.evictions.inc()
-            gone += await self._evict_run(run, total - sum(b.size for b in gone) - dropped - limit)
+            evicted_run = await self._evict_run(run, total - limit)
+            gone += evicted_run
+            total -= sum(b.size for b in evicted_run)
             evicted, freed = len(gone), sum(b.size for b in gone)
-            total -= freed + dropped
             self.metrics.evictions.inc(evicted)
             if gone:
                 self.evicted(gone, owners)
