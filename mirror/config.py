@@ -164,6 +164,9 @@ class Settings(BaseSettings):
     sparse_fill_threshold: Bytes = 1024**3
     sparse_read_ahead: Bytes = 32 * 1024**2
     sparse_complete_share: float = Field(0.5, gt=0, le=1)
+    # A sparse fill with no reader and no window asked keeps its lease this many seconds before it pauses (its windows
+    # kept on disk); meanwhile the other nodes of a fleet relay their Ranges of the file from it.
+    sparse_linger: float = Field(2.0, gt=0)
     # Upstream bandwidth, bytes/s (0: unlimited): ``upstream_rate`` is shared by every fill of the process;
     # ``sync_rate`` bounds the ``sync`` command instead, during ``sync_hours`` ("HH-HH" local time, e.g. "08-18";
     # empty: always) — outside them the sync runs at ``upstream_rate``.

@@ -25,6 +25,7 @@
     ├── StorageUnavailable           503  the bucket could not be reached or refused a request
     ├── MetadataUnavailable          503  the fleet's database could not be reached or refused a request
     ├── LeaseLost                    503  this node no longer holds the fill lease it worked under: stop, commit nothing
+    ├── NoDiskRoom                   507  no disk room to complete a sparse file (the sync, a warm): its windows kept
     ├── UrlExpired                   (a fill's signal, never answered) a signed CDN URL was refused: resolve again
     └── RangeIgnored                 (a fill's signal, never answered) upstream sent the whole file for a Range
 
@@ -233,6 +234,13 @@ class LeaseLost(MirrorError):
 
     status = 503
     code = "LeaseLost"
+
+
+class NoDiskRoom(MirrorError):
+    """The quota or the disk has no room for the rest of a sparse file that the sync or a warm would complete."""
+
+    status = 507
+    code = "NoDiskRoom"
 
 
 class AlreadyCommitted(Exception):

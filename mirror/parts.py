@@ -125,6 +125,7 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
                          layout=layout, min_free_space=settings.min_free_space or 0,
                          evicts_for_disk=settings.storage == "local", metadata=metadata if shared else None,
                          busy=busy)
+    fills.make_room = cache.make_room  # completing a sparse file reserves the rest of it, as a new fill does
     if busy is not None:
         metadata.on_evicted(cache.dropped)  # another node's eviction: this node's hot copy goes too
     scrubber = Scrubber(store, metrics, is_busy=is_busy)

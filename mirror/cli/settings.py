@@ -24,7 +24,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
                  "read_timeout", "viewer_upstream"),
     "fills and bandwidth": ("parallel_fill_threshold", "fill_connections", "fill_window", "fill_hedges",
                             "fill_hedge_after", "sparse_fill_threshold", "sparse_read_ahead",
-                            "sparse_complete_share", "upstream_rate",
+                            "sparse_complete_share", "sparse_linger", "upstream_rate",
                             "sync_rate", "sync_hours", "fill_on_disconnect"),
     "listener": ("host", "port", "workers", "root_path", "trusted_proxies", "ssl_certfile", "ssl_keyfile",
                  "header_timeout", "max_header_bytes", "accel_redirect"),
@@ -135,6 +135,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
     add("--sparse-read-ahead", help="bytes fetched past a Range of a sparse fill, e.g. 32M (default)")
     add("--sparse-complete-share", type=float, help="share of a sparse file held that has the rest fetched "
         "(default 0.5)")
+    add("--sparse-linger", type=float, help="seconds a sparse fill with no reader keeps its lease before it pauses, "
+        "its windows kept (default 2); meanwhile other nodes of a fleet relay their Ranges of the file from it")
     add("--upstream-rate", help="upstream bandwidth cap shared by every fill, bytes/s, e.g. 100M (default 0: none)")
     add("--sync-rate", help="upstream bandwidth cap of the sync command, e.g. 20M (default 0: --upstream-rate)")
     add("--sync-hours", help="local hours when --sync-rate applies, e.g. 08-18 (default: always)")

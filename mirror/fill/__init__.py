@@ -14,7 +14,7 @@ Policy: no web framework and no HTTP client type here; upstream bytes arrive as 
 """
 
 from mirror.fill.manager import FillManager
-from mirror.fill.peer import PEER_ROUTE
+from mirror.fill.peer import PEER_ROUTE, fill_url
 from mirror.fill.state import Fill, FillSpec
 
-__all__ = ["PEER_ROUTE", "Fill", "FillManager", "FillSpec"]
+__all__ = ["PEER_ROUTE", "Fill", "FillManager", "FillSpec", "fill_url"]

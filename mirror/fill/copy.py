@@ -258,6 +258,16 @@ def held_windows(partial: Path) -> list[tuple[int, int]]:
     return [(a, b) for a, b in held[1] if b > a] if held is not None else []
 
 
+def covers(held: list[tuple[int, int]], start: int, end: int) -> bool:
+    """Whether the spans ``held`` (``[start, done)``) hold every byte of ``start..end`` (inclusive)."""
+    position = start
+    for first, done in sorted(held):
+        if first > position:
+            break
+        position = max(position, done)
+    return position > end
+
+
 def touch_windows(partial: Path) -> None:
     """A sparse partial file was read (a ranged read of its windows): its map's mtime is its last use, what the quota's
     LRU orders it by beside the blobs."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable, Callable
 
 from mirror.errors import IntegrityError
 from mirror.fill.copy import Hashing, Span, copy, resume_offset
@@ -26,8 +27,9 @@ log = logging.getLogger("hf_mirror.fill")
 
 
 async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metrics: Metrics, threads: FillThreads,
-                   chunk_size: int) -> None:
-    """Fill ``fill`` from upstream (this process holds its lease), then commit the blob.
+                   chunk_size: int, room: Callable[[int], Awaitable[bool]] | None = None) -> None:
+    """Fill ``fill`` from upstream (this process holds its lease), then commit the blob. ``room``: reserves disk for
+    the rest of a sparse file before its completion policy fetches it (:class:`WindowedFill`).
 
     A file of at least ``parallel_fill_threshold`` bytes is fetched in concurrent windows (:mod:`windows`); an
     upstream that ignores bounded Ranges gets the single stream from the contiguous prefix instead. Both fetch by
@@ -50,7 +52,8 @@ async def download(fill: Fill, store: BlobStore, upstream: UpstreamClient, metri
                                    connections=settings.fill_connections, window=settings.fill_window,
                                    chunk_size=chunk_size, url=url, hedges=settings.fill_hedges,
                                    hedge_after=settings.fill_hedge_after, read_ahead=settings.sparse_read_ahead,
-                                   complete_share=settings.sparse_complete_share)
+                                   complete_share=settings.sparse_complete_share,
+                                   linger=settings.sparse_linger, room=room)
             try:
                 await windows.run()
                 offset = spec.size

@@ -20,12 +20,13 @@ import contextlib
 import hmac
 import logging
 import os
+import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from mirror.errors import FillPaused, LeaseLost, MirrorError, UpstreamUnavailable
-from mirror.fill.copy import held_windows, touch_windows
+from mirror.errors import FillPaused, LeaseLost, MirrorError, NoDiskRoom, UpstreamUnavailable
+from mirror.fill.copy import covers, held_windows, touch_windows
 from mirror.fill.download import download
 from mirror.fill.peer import Follower, PeerCopy
 from mirror.fill.state import Fill, FillSpec
@@ -58,6 +59,9 @@ class FillManager:
         self._follower = Follower(store, upstream, metrics, self.threads, chunk_size=chunk_size,
                                   node_url=self.node_url)
         self.on_commit: list[Callable[[FillSpec], None]] = []
+        # The quota's make_room(size, reserved) (the cache manager, built after us: set by the wiring). Completing a
+        # sparse file (its share policy, the sync, a warm) reserves the rest of it first, as a new fill does.
+        self.make_room: Callable[[int, int], Awaitable[bool]] | None = None
         # The fleet's busy marks (a fleet database): a blob this process fills is never evicted by any node.
         self.busy = busy
 
@@ -108,6 +112,20 @@ class FillManager:
             return None
         return await self.start(spec)
 
+    async def peer_for_range(self, spec: FillSpec, start: int, end: int) -> PeerAddress | None:
+        """The node of the fleet that fills ``spec`` now, when bytes ``start..end`` are a Range that would make a
+        sparse fill here, none runs here and this node's partial file does not hold them all: the Range is relayed
+        from that node (its held windows, or the windows it fetches for it), so each byte comes from upstream once
+        across the fleet and this node keeps nothing it would fetch again. ``None``: fill here as usual."""
+        if self.node_url is None or spec.etag in self._fills or not self._ranged(spec.size, (start, end)):
+            return None
+        if covers(await asyncio.to_thread(held_windows, self.store.partial_path(spec.etag)), start, end):
+            return None  # held here: the sparse fill's hit
+        lease = await self.store.read_lease(spec.etag)
+        if lease is None or lease.peer is None or lease.peer.url == self.node_url or lease.expires <= time.time():
+            return None
+        return lease.peer
+
     async def start(self, spec: FillSpec, reading: tuple[int, int] | None = None) -> Fill | None:
         """Join or start the fill of ``spec.etag``; ``None`` when the blob is already on this node's disk.
 
@@ -145,7 +163,14 @@ class FillManager:
                     and (reading[0] > 0 or reading[1] < size - 1))
 
     async def fetch(self, spec: FillSpec) -> Path:
-        """Make sure the blob is committed (sync and prefetch use this); returns its local path."""
+        """Make sure the blob is committed (sync and prefetch use this); returns its local path. Completing a sparse
+        file (a sparse fill here, or the windows a paused one left) reserves room for the rest of it first."""
+        if self.make_room is not None and self.store.cached_path(spec.etag) is None:
+            rest = await self._sparse_rest(spec)
+            if rest and not await self._room(rest):
+                log.warning("no disk room to complete sparse file %s %s (%d more bytes): not completed",
+                            spec.repo.key, spec.path, rest)
+                raise NoDiskRoom(f"{spec.path}: no disk room for the {rest} bytes that would complete it")
         fill = await self.start(spec)
         if fill is not None:
             while not fill.finished:
@@ -156,6 +181,20 @@ class FillManager:
         if path is None:
             raise MirrorError(f"blob {spec.etag} vanished after its fill")
         return path
+
+    async def _sparse_rest(self, spec: FillSpec) -> int:
+        """The bytes a sparse file of ``spec`` still lacks (0: no sparse fill or sparse partial file here)."""
+        running = self._fills.get(spec.etag)
+        if running is not None and not running.sparse:
+            return 0  # a whole fill already: its room was made when it began
+        held = await asyncio.to_thread(held_windows, self.store.partial_path(spec.etag))
+        if running is None and not held:
+            return 0
+        return max(spec.size - sum(done - start for start, done in held), 0)
+
+    async def _room(self, size: int) -> bool:
+        """Room for ``size`` more bytes beside what the fills in progress will still write (the quota's make_room)."""
+        return self.make_room is None or await self.make_room(size, self.bytes_to_write)
 
     async def aclose(self, grace: float) -> None:
         """Graceful shutdown: let fills finish within ``grace`` seconds, then cancel (they stay resumable); then
@@ -300,4 +339,5 @@ class FillManager:
 
     async def _download(self, fill: Fill) -> None:
         """Download ``fill`` from upstream (this process holds its lease) and commit it."""
-        await download(fill, self.store, self.upstream, self.metrics, self.threads, self.chunk_size)
+        await download(fill, self.store, self.upstream, self.metrics, self.threads, self.chunk_size,
+                       room=self._room if self.make_room is not None else None)

@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 from mirror.errors import IntegrityError, MirrorError, UpstreamUnavailable
 from mirror.fill.copy import Hashing, Span, held_windows, on_disk_prefix
 from mirror.fill.copy import copy as copy_body
-from mirror.fill.state import Fill
+from mirror.fill.state import Fill, FillSpec
 from mirror.fill.threads import FillThreads
 from mirror.integrity import BlobHasher
 from mirror.layout import CacheLayout
@@ -28,6 +28,13 @@ log = logging.getLogger("hf_mirror.fill")
 PEER_ROUTE = "/_mirror/fills/"  # + etag: a fill in progress, for the other nodes (mirror.routes.peer)
 _FOLLOW_POLL = 0.02  # seconds between looks at a partial file another process writes
 _PEER_TRIES = 3  # peer streams that end without progress before a follower just waits for the commit
+
+
+def fill_url(peer: PeerAddress, spec: FillSpec) -> str:
+    """The peer route of ``spec``'s fill on ``peer``. What the fill is rides along in the query, so that any worker
+    process of the peer node can follow it for us."""
+    query = urlencode({"repo": spec.repo.key, "commit": spec.commit, "path": spec.path, "size": spec.size})
+    return f"{peer.url}{PEER_ROUTE}{spec.etag}?{query}"
 
 
 class PeerCopy:
@@ -149,10 +156,7 @@ class Follower:
         before = copy.offset
         fd = os.open(fill.partial, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            # What the fill is rides along, so that any worker process of the peer node can follow it for us.
-            query = urlencode({"repo": spec.repo.key, "commit": spec.commit, "path": spec.path, "size": spec.size})
-            url = f"{peer.url}{PEER_ROUTE}{spec.etag}?{query}"
-            async with self.upstream.stream_peer(url, peer.token, copy.offset) as body:
+            async with self.upstream.stream_peer(fill_url(peer, spec), peer.token, copy.offset) as body:
                 span = Span(copy.offset, spec.size, copy.offset, bounded=False)
                 try:
                     await copy_body(body, fd, span, self.threads.streams, counter=self.metrics.bytes_from_peers,

@@ -25,6 +25,7 @@ import statistics
 import threading
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from mirror.config import Settings
@@ -80,7 +81,8 @@ class WindowedFill:
     def __init__(self, fill: Fill, fd: int, hasher: BlobHasher, offset: int, upstream: UpstreamClient,
                  metrics: Metrics, threads: FillThreads, *, connections: int, window: int, chunk_size: int,
                  url: SignedUrl, hedges: int = 0, hedge_after: float = 2.0, read_ahead: int = 0,
-                 complete_share: float = 1.0) -> None:
+                 complete_share: float = 1.0, linger: float = _SPARSE_LINGER,
+                 room: Callable[[int], Awaitable[bool]] | None = None) -> None:
         self.fill, self.fd, self.hasher, self.upstream, self.metrics = fill, fd, hasher, upstream, metrics
         self.threads = threads
         self.size = fill.spec.size
@@ -94,6 +96,11 @@ class WindowedFill:
                         for s in range(self.base, self.size, window)]
         self.read_ahead = read_ahead  # sparse: bytes past a wanted position fetched with it
         self.complete_share = complete_share  # sparse: the share of the file held that has the rest fetched too
+        self.linger = linger  # sparse: seconds with no reader and nothing asked before the fill pauses
+        # Sparse: reserves disk for the rest of the file before the share policy completes it (the quota's
+        # make_room, as a new fill's); False: no room, the file keeps its windows. None: no quota to ask.
+        self.room = room
+        self._completing: asyncio.Task[None] | None = None  # the share policy's reservation, once begun
         self._windows_written_at = 0.0
         self._map_due: asyncio.TimerHandle | None = None  # a map write put off by the rate limit, still to come
         self._held_from_map(offset)
@@ -185,6 +192,8 @@ class WindowedFill:
             raise
         finally:
             fill.complete_all = None
+            if self._completing is not None:
+                tasks.append(self._completing)
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks)
@@ -253,16 +262,17 @@ class WindowedFill:
 
     async def _linger(self) -> None:
         """A sparse fill with no reader, no window in flight and none asked for pauses (:class:`FillPaused`) after
-        ``_SPARSE_LINGER`` seconds: its windows stay on disk, listed in the windows map."""
+        ``linger`` seconds (``sparse_linger``): its windows stay on disk, listed in the windows map. Until then it
+        holds its lease, so the other nodes of a fleet relay their Ranges of the file from it."""
         idle_since: float | None = None
         while True:
-            await asyncio.sleep(_SPARSE_LINGER / 4)
+            await asyncio.sleep(self.linger / 4)
             busy = any(w.started and not w.complete for w in self.windows) or self._wanted
             if not self.fill.sparse or self.fill.readers > 0 or busy:
                 idle_since = None
             elif idle_since is None:
                 idle_since = time.monotonic()
-            elif time.monotonic() - idle_since >= _SPARSE_LINGER:
+            elif time.monotonic() - idle_since >= self.linger:
                 raise FillPaused(f"{self.fill.spec.path}: {self.held()} of {self.size} bytes held (sparse)")
 
     async def _fetch(self, window: Window) -> None:
@@ -331,6 +341,22 @@ class WindowedFill:
 
         await fetch(self.upstream, self.fill.spec, span, self.url, copy_span)
 
+    async def _complete_with_room(self) -> None:
+        """The share policy completes the file: first room for the rest of it, as a new fill makes room for its file
+        (the quota evicts least recently used blobs for it); no room: the file stays sparse, its windows kept."""
+        rest = self.size - self.held()
+        try:
+            room = self.room is None or await self.room(rest)
+        except Exception as exc:  # noqa: BLE001 - the quota's failure keeps the file sparse, never fails the fill
+            log.warning("no room reserved to complete sparse file %s: %s", self.fill.spec.path, exc)
+            room = False
+        if not room:
+            log.warning("no disk room to complete sparse file %s (%d more bytes): it keeps its %d bytes of windows "
+                        "and fetches only the Ranges read", self.fill.spec.path, rest, self.held())
+            return
+        if self.fill.sparse:
+            self.complete_all()
+
     # --- the watchdog --------------------------------------------------------------------------------------------
 
     async def _watch(self) -> None:
@@ -365,8 +391,9 @@ class WindowedFill:
         window.done = max(window.done, offset)
         if window.complete and window.start >= self.contiguous:
             self._write_map()  # a window held beyond the prefix: listed for the next fill (sparse, resume)
-            if self.fill.sparse and self.held() >= self.complete_share * self.size:
-                self.complete_all()  # the completion policy: most of the file is here, fetch the rest
+            if self.fill.sparse and self._completing is None and self.held() >= self.complete_share * self.size:
+                # The completion policy: most of the file is here, fetch the rest once there is room for it.
+                self._completing = asyncio.get_running_loop().create_task(self._complete_with_room())
         contiguous = self._contiguous_from(self.contiguous)
         if contiguous > self.contiguous:
             self.contiguous = contiguous

@@ -7,6 +7,10 @@ verified. Without the token of a fill in progress on this node the answer is a 4
 the token is only readable by whoever can read the bucket (which holds the blobs anyway). A peer's connection may
 land on any worker process of the node; the query names the file, so that a worker which is not the one filling
 follows its sibling's partial file and serves the peer all the same.
+
+A node that is asked a Range of a file another node fills (a sparse fill there: the windows of ranged reads) relays
+the Range from here instead of fetching it upstream again: a bounded ``Range`` is answered from the windows this
+node holds, and the ones it lacks are fetched here once (:meth:`~mirror.fill.FillManager.peer_for_range`).
 """
 
 from __future__ import annotations
@@ -53,6 +57,10 @@ class PeerFillHandler:
             await send_error(send, exc)
             return Outcome.ERROR
         start, end = byte_range or (0, size - 1)
+        if byte_range is not None and fill.sparse:
+            # A Range relayed for another node's reader (FillManager.peer_for_range): served from the windows held;
+            # the ones not held yet are fetched here, with the read-ahead, as for a Range of our own clients.
+            fill.ask(start, end)
         headers = [(b"content-type", b"application/octet-stream"), (b"etag", f'"{etag}"'.encode()),
                    (b"content-length", str(end - start + 1).encode())]
         if byte_range is not None:

@@ -10,6 +10,7 @@ from mirror import hf
 from mirror.fill import Fill
 from mirror.index import FileEntry
 from mirror.metrics import Outcome
+from mirror.storage.base import PeerAddress
 
 # FileEntry too: the entry of a ResolvedFile, for the routes (which never import the index themselves).
 __all__ = ["ApiResult", "BlobSource", "Cached", "FileEntry", "Filling", "Relay", "ResolvedFile"]
@@ -43,13 +44,15 @@ class Filling:
 class Relay:
     """The bytes ``start..end`` come from upstream, relayed without being stored
     (:meth:`~mirror.service.files.FileService.relay_file`): there is no disk room for the blob (a passthrough), or the
-    Range lies far beyond what its fill has (a miss)."""
+    Range lies far beyond what its fill has (a miss). ``peer``: another node of the fleet fills the file; the Range
+    is relayed from its fill (its held windows), upstream only if that node no longer answers."""
 
     resolved: ResolvedFile
     token: str | None
     start: int
     end: int
     outcome: Outcome
+    peer: PeerAddress | None = None
 
 
 BlobSource = Cached | Filling | Relay

@@ -13,7 +13,7 @@ import functools
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
+from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager, nullcontext
 
 from mirror import hf
 from mirror.access import Caller, token_digest
@@ -26,13 +26,14 @@ from mirror.errors import (
     OfflineMiss,
     UpstreamUnavailable,
 )
-from mirror.fill import FillSpec
+from mirror.fill import FillSpec, fill_url
 from mirror.index import FileEntry, blob_key
 from mirror.metrics import Outcome
 from mirror.service.answers import BlobSource, Cached, Filling, Relay, ResolvedFile
 from mirror.service.core import ServiceCore
 from mirror.service.listing import entry_from_listing
 from mirror.storage.base import discard_bad_copy
+from mirror.upstream import BulkBody
 
 log = logging.getLogger("hf_mirror.service")
 
@@ -249,6 +250,12 @@ class FileService:
         spec = FillSpec(resolved.repo, entry.commit, entry.path, entry.etag, entry.size,
                         token=self.fill_token(resolved, caller),
                         cdn_url=resolved.cdn_url, detached=detached)
+        if not whole:
+            # A Range another node of the fleet is filling (a sparse fill there, say): relayed from its fill, never
+            # fetched from upstream a second time nor stored here.
+            peer = await self.fills.peer_for_range(spec, start, end)
+            if peer is not None:
+                return Relay(resolved, caller.token, start, end, _STALE if stale else _MISS, peer=peer)
         # Room for what the fill will write: the file, or a sparse fill's windows for this Range (a full download
         # joining a sparse fill makes room for the file then).
         running = self.fills.get(entry.etag)
@@ -325,11 +332,34 @@ class FileService:
 
     @asynccontextmanager
     async def relay_file(self, relay: Relay, chunk_size: int) -> AsyncIterator[AsyncIterator[bytes]]:
-        """The relayed bytes of ``relay``, as they arrive from upstream (never stored)."""
+        """The relayed bytes of ``relay``, as they arrive from the peer that fills the file or from upstream (never
+        stored). A peer that does not open the Range (its fill ended meanwhile) leaves it to upstream."""
         entry = relay.resolved.entry
-        async with self.upstream.stream_file(relay.resolved.repo, entry.commit, entry.path, relay.token,
-                                             relay.start, relay.end, chunk_size) as body:
+        async with AsyncExitStack() as stack:
+            if relay.peer is not None:
+                spec = FillSpec(relay.resolved.repo, entry.commit, entry.path, entry.etag, entry.size)
+                try:
+                    peer_body = await stack.enter_async_context(
+                        self.upstream.stream_peer(fill_url(relay.peer, spec), relay.peer.token, relay.start, relay.end))
+                except MirrorError as exc:
+                    log.info("peer %s did not open bytes %d-%d of %s: relayed from upstream (%s)", relay.peer.url,
+                             relay.start, relay.end, entry.path, exc)
+                else:
+                    yield self._peer_chunks(peer_body, relay.end + 1 - relay.start, chunk_size)
+                    return
+            body = await stack.enter_async_context(self.upstream.stream_file(
+                relay.resolved.repo, entry.commit, entry.path, relay.token, relay.start, relay.end, chunk_size))
             yield body.chunks
+
+    async def _peer_chunks(self, body: BulkBody, length: int, chunk_size: int) -> AsyncIterator[bytes]:
+        """``length`` bytes of a peer's answer, read in a worker thread as they arrive; a short one is a failure."""
+        while length > 0:
+            data = await asyncio.to_thread(body.read_some, min(chunk_size, length))
+            if not data:
+                raise UpstreamUnavailable(f"the peer's answer ended {length} bytes short")
+            length -= len(data)
+            self.metrics.bytes_from_peers.inc(len(data))
+            yield data
 
 
 def _guard_key(check: Callable[[hf.RepoRef], None] | None) -> str:

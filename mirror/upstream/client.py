@@ -135,14 +135,16 @@ class UpstreamClient(UpstreamConnection):
             raise UpstreamUnavailable(f"Upstream ignored Range for {path!r} (status {status})")
 
     @asynccontextmanager
-    async def stream_peer(self, url: str, token: str, start: int) -> AsyncIterator[BulkBody]:
-        """Open another mirror node's fill in progress (``/_mirror/fills/<etag>``) from byte ``start``."""
+    async def stream_peer(self, url: str, token: str, start: int, end: int | None = None) -> AsyncIterator[BulkBody]:
+        """Open another mirror node's fill in progress (``/_mirror/fills/<etag>``) from byte ``start`` (to ``end``,
+        inclusive: a Range read relayed from the node that fills the file)."""
         headers = {"accept-encoding": "identity", hf.H_PEER_TOKEN.lower(): token}
-        if start:
-            headers["range"] = f"bytes={start}-"
+        ranged = bool(start) or end is not None
+        if ranged:
+            headers["range"] = f"bytes={start}-{'' if end is None else end}"
         response = await in_send_pool(self._send_bulk, url, None, headers, False)
         try:
-            if response.status_code != (206 if start else 200):
+            if response.status_code != (206 if ranged else 200):
                 raise UpstreamUnavailable(f"peer {url} answered {response.status_code}")
             yield response.body
         finally:

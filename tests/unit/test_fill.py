@@ -18,10 +18,9 @@ from types import SimpleNamespace
 import pytest
 
 from mirror import hf
-from mirror.errors import IntegrityError, UpstreamUnavailable
+from mirror.errors import IntegrityError, NoDiskRoom, UpstreamUnavailable
 from mirror.fill import Fill, FillManager, FillSpec
 from mirror.fill import resume as resume_module
-from mirror.fill import windows as windows_module
 from mirror.fill.copy import held_windows
 from mirror.layout import CacheLayout
 from mirror.metrics import Metrics
@@ -101,6 +100,8 @@ def whole(request: Request, data: bytes) -> tuple[FakeBody, str | None]:
 class FakeUpstream:
     """What the fill calls of :class:`~mirror.upstream.UpstreamClient`: ``settings`` and ``open_file``."""
 
+    linger = 2.0  # sparse_linger (the short_linger fixture shortens it)
+
     def __init__(self, content: bytes, answer: Answer = whole, *, windows: int = 0, connections: int = 3,
                  hedges: int = 0, hedge_after: float = 0.2, sparse: int = 0, read_ahead: int = 0,
                  complete_share: float = 1.0) -> None:
@@ -109,7 +110,7 @@ class FakeUpstream:
         self.settings = SimpleNamespace(parallel_fill_threshold=1 if windows else 0, fill_connections=connections,
                                         fill_window=windows or 1, fill_hedges=hedges, fill_hedge_after=hedge_after,
                                         sparse_fill_threshold=sparse, sparse_read_ahead=read_ahead,
-                                        sparse_complete_share=complete_share)
+                                        sparse_complete_share=complete_share, sparse_linger=self.linger)
         self.requests: list[Request] = []
         self.bodies: list[FakeBody] = []
 
@@ -413,7 +414,7 @@ async def read_range(manager: FillManager, fill: Fill, start: int, end: int) -> 
 
 @pytest.fixture
 def short_linger(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(windows_module, "_SPARSE_LINGER", 0.1)
+    monkeypatch.setattr(FakeUpstream, "linger", 0.1)
 
 
 async def test_ranged_reads_fetch_their_windows_and_a_full_download_the_rest(tmp_path: Path,
@@ -464,6 +465,83 @@ async def test_a_sparse_fill_completes_once_its_share_is_held(tmp_path: Path, sh
         assert fill.task is not None
         await asyncio.wait_for(fill.task, 10)
         assert fill.committed is not None and fill.committed.read_bytes() == content
+    assert sorted(r.start for r in upstream.requests) == [0, window, 2 * window, 3 * window]
+
+
+async def test_the_share_policy_reserves_room_for_the_rest_or_keeps_the_file_sparse(
+        tmp_path: Path, short_linger: None, caplog: pytest.LogCaptureFixture) -> None:
+    """Completing a sparse file by its share policy first asks the quota for room for the rest of the file (as a new
+    fill does); refused, the file stays sparse (nothing more fetched, a clear log line), its windows kept."""
+    window = 64 * KIB
+    content = content_of(4 * window)
+    asked: list[tuple[int, int]] = []
+
+    async def no_room(size: int, reserved: int) -> bool:
+        asked.append((size, reserved))
+        return False
+
+    upstream = FakeUpstream(content, windows=window, connections=2, sparse=1, read_ahead=0, complete_share=0.5)
+    async with fill_manager(tmp_path / "refused", upstream) as manager:
+        manager.make_room = no_room
+        spec = spec_of(content)
+        fill = await manager.start(spec, reading=(window, 3 * window - 1))
+        assert fill is not None
+        assert await read_range(manager, fill, window, 3 * window - 1) == content[window:3 * window]
+        assert fill.task is not None
+        await asyncio.wait_for(fill.task, 10)  # paused: never completed
+        assert fill.committed is None
+    assert asked == [(2 * window, 0)]  # the rest of the file: two windows of four
+    assert sorted(r.start for r in upstream.requests) == [window, 2 * window]
+    assert "no disk room to complete sparse file model.bin" in caplog.text
+
+    granted: list[int] = []
+
+    async def room(size: int, reserved: int) -> bool:
+        granted.append(size)
+        return True
+
+    upstream = FakeUpstream(content, windows=window, connections=2, sparse=1, read_ahead=0, complete_share=0.5)
+    async with fill_manager(tmp_path / "granted", upstream) as manager:
+        manager.make_room = room
+        fill = await manager.start(spec_of(content), reading=(window, 3 * window - 1))
+        assert fill is not None
+        assert await read_range(manager, fill, window, 3 * window - 1) == content[window:3 * window]
+        assert fill.task is not None
+        await asyncio.wait_for(fill.task, 10)
+        assert fill.committed is not None and fill.committed.read_bytes() == content
+    assert granted == [2 * window]
+
+
+async def test_the_sync_completing_a_sparse_file_reserves_the_rest_or_refuses(tmp_path: Path,
+                                                                             short_linger: None) -> None:
+    """The sync (or a warm) completing the windows a sparse fill left asks room for the rest of the file first; with
+    none, it is refused (NoDiskRoom), the windows kept; with room it fetches only the rest."""
+    window = 64 * KIB
+    content = content_of(4 * window)
+    spec = spec_of(content)
+    upstream = FakeUpstream(content, windows=window, connections=2, sparse=1, read_ahead=0)
+    asked: list[int] = []
+    answer = False
+
+    async def room(size: int, reserved: int) -> bool:
+        asked.append(size)
+        return answer
+
+    async with fill_manager(tmp_path, upstream) as manager:
+        manager.make_room = room
+        fill = await manager.start(spec, reading=(window, window + 10))
+        assert fill is not None and fill.task is not None
+        assert await read_range(manager, fill, window, window + 10) == content[window:window + 11]
+        await asyncio.wait_for(fill.task, 10)  # paused, one window held
+        with pytest.raises(NoDiskRoom):
+            await manager.fetch(spec)
+        assert asked == [3 * window]
+        partial = LocalBlobStore(CacheLayout(tmp_path)).partial_path(spec.etag)
+        assert held_windows(partial) == [(window, 2 * window)]
+        answer = True
+        path = await manager.fetch(spec)
+        assert path.read_bytes() == content
+    assert asked == [3 * window, 3 * window]
     assert sorted(r.start for r in upstream.requests) == [0, window, 2 * window, 3 * window]
 
 
