@@ -1,0 +1,119 @@
+"""Ranged reads across a fleet (issue 28 item 1): a Range of a large file that another node fills sparse (the windows
+of its own ranged reads) is relayed from that node's peer route, never fetched upstream a second time.
+
+Two nodes on one bucket and one PostgreSQL database (``--metadata-url``), as in ``test_fleet_database.py``. Node A's
+ranged read fetches its windows (and the read-ahead) and holds them while its sparse fill lingers (``sparse_linger``:
+the fill keeps its lease meanwhile, which publishes A's address); node B's same ranged read is then served from A's
+windows with no new upstream byte, and a Range A does not hold yet is fetched there once, for both nodes. Upstream
+bytes are counted at the emulator."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.test_fleet_database import start_fleet
+from tests.e2e.test_scale_out import Fleet
+from tests.support import postgres_server, s3_server
+from tests.support.hub_emulator.fixtures import generated_bytes
+from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
+from tests.support.mirror_proc import metric, wait_for
+
+pytestmark = pytest.mark.e2e
+
+MIB = 1024 * 1024
+SIZE = 128 * MIB
+HUGE = ("dataset", "acme/huge-data", "huge.bin")
+HUGE_URL = "/datasets/acme/huge-data/resolve/main/huge.bin"
+WINDOW = 4 * MIB
+READ_AHEAD = 4 * MIB
+RANGE = 8 * MIB
+# Both nodes: fills in 4 MiB windows, a Range of a file of 64 MiB or more is sparse, and an idle sparse fill keeps
+# its lease (and so answers the other node) far longer than the test takes.
+SPARSE_ENV = {"HF_MIRROR_PARALLEL_FILL_THRESHOLD": str(64 * MIB), "HF_MIRROR_FILL_WINDOW": str(WINDOW),
+              "HF_MIRROR_SPARSE_FILL_THRESHOLD": str(64 * MIB), "HF_MIRROR_SPARSE_READ_AHEAD": str(READ_AHEAD),
+              "HF_MIRROR_SPARSE_LINGER": "120", "HF_MIRROR_FILL_HEDGES": "0",
+              "HF_MIRROR_SHUTDOWN_GRACE": "1"}  # a lingering fill does not hold the nodes' stop
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorHandle]:
+    with run_emulator(tmp_path_factory.mktemp("emu"), huge_file_size=SIZE) as handle:
+        yield handle
+
+
+@pytest.fixture
+def nodes(s3: s3_server.S3Server, tmp_path: Path) -> Iterator[Fleet]:
+    out = Fleet(s3, tmp_path)
+    try:
+        yield out
+    finally:
+        out.stop()
+
+
+@pytest.fixture
+def database(postgres: postgres_server.PostgresServer) -> str:
+    return postgres.create_database()
+
+
+def cdn_spans(emu: EmulatorHandle) -> list[tuple[int, int]]:
+    """The byte spans ``[start, end)`` the nodes asked the CDN for, in order."""
+    out = []
+    for request in emu.requests():
+        if request["host"] == "cdn" and request["method"] == "GET":
+            first, _, last = (request.get("range") or "").removeprefix("bytes=").partition("-")
+            out.append((int(first), int(last) + 1))
+    return sorted(out)
+
+
+def windows_of(start: int, end: int) -> set[tuple[int, int]]:
+    """The windows a Range of bytes ``start..end`` (inclusive) fetches: those it covers and the read-ahead's."""
+    last = min(end + READ_AHEAD, SIZE - 1)
+    return {(w, min(w + WINDOW, SIZE)) for w in range(start - start % WINDOW, last + 1, WINDOW)}
+
+
+def read(url: str, start: int, end: int) -> httpx.Response:
+    response = httpx.get(url + HUGE_URL, headers={"Range": f"bytes={start}-{end}"}, timeout=120)
+    assert response.status_code == 206, response.text[:300]
+    assert response.content == generated_bytes(start, end + 1), "a byte served wrong"
+    return response
+
+
+def settled(emu: EmulatorHandle, spans: set[tuple[int, int]]) -> None:
+    """Every window of ``spans`` fetched (the read-ahead lands after the read that asked it) and nothing else."""
+    wait_for(lambda: set(cdn_spans(emu)) == spans and emu.stats()["bytes_served"] >= sum(b - a for a, b in spans),
+             timeout=60)
+
+
+def test_a_range_another_node_holds_as_windows_is_relayed_from_it(emu: EmulatorHandle, nodes: Fleet,
+                                                                   database: str) -> None:
+    emu.reset_stats()
+    node_a, node_b = start_fleet(nodes, emu, database, count=2, env=SPARSE_ENV)
+    first = (41 * MIB + 123, 41 * MIB + 122 + RANGE)  # unaligned: three windows, and one of read-ahead
+
+    read(node_a.url, *first)
+    expected = windows_of(*first)
+    settled(emu, expected)
+    fetched = emu.stats()["bytes_served"]
+    assert fetched == sum(b - a for a, b in expected) <= RANGE + 2 * WINDOW + READ_AHEAD
+
+    # Node B's same Range: relayed from node A's held windows, not one byte more from upstream.
+    response = read(node_b.url, *first)
+    assert response.headers["x-mirror-cache"] == "miss"  # not on B's disk: B relays it
+    assert emu.stats()["bytes_served"] == fetched and set(cdn_spans(emu)) == expected
+    assert metric(node_b, "hf_mirror_peer_bytes_total") == RANGE
+    assert not list((nodes.tmp / "node1" / "cache" / "partials").glob("*.part"))  # B stores nothing of it
+
+    # A Range neither node holds, asked on B: A fetches its windows once (as for a Range of its own), for both nodes.
+    second = (100 * MIB, 100 * MIB + RANGE - 1)
+    read(node_b.url, *second)
+    expected |= windows_of(*second)
+    settled(emu, expected)
+    fetched = emu.stats()["bytes_served"]
+    assert fetched == sum(b - a for a, b in expected)
+    read(node_a.url, *second)  # a hit on A
+    read(node_b.url, *second)  # relayed again from A
+    assert emu.stats()["bytes_served"] == fetched and set(cdn_spans(emu)) == expected
