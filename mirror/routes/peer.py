@@ -52,14 +52,16 @@ class PeerFillHandler:
             if fill is None or not token or not await self.fills.opens_to_peer(fill, token):
                 raise EntryNotFound(None, "No fill of this blob is in progress on this node")
             size = fill.spec.size
-            byte_range = parse_range(header(scope, b"range"), size)
+            range_header = header(scope, b"range")
+            byte_range = parse_range(range_header, size)
         except MirrorError as exc:
             await send_error(send, exc)
             return Outcome.ERROR
         start, end = byte_range or (0, size - 1)
-        if byte_range is not None and fill.sparse:
-            # A Range relayed for another node's reader (FillManager.peer_for_range): served from the windows held;
-            # the ones not held yet are fetched here, with the read-ahead, as for a Range of our own clients.
+        if byte_range is not None and fill.sparse and not (range_header or "").rstrip().endswith("-"):
+            # A bounded Range relayed for another node's reader (FillManager.peer_for_range): served from the windows
+            # held; the ones not held yet are asked at once, with the read-ahead, as for a Range of our own clients
+            # (a follower's open-ended stream asks them as it goes, as before).
             fill.ask(start, end)
         headers = [(b"content-type", b"application/octet-stream"), (b"etag", f'"{etag}"'.encode()),
                    (b"content-length", str(end - start + 1).encode())]
