@@ -27,6 +27,7 @@ from mirror.fill import resume as resume_module
 from mirror.metrics import Outcome
 from mirror.parts import Parts, build_parts
 from mirror.service.answers import BlobSource, Cached, Filling, Relay, ResolvedFile
+from mirror.storage.base import PeerAddress
 from tests.support.fake_upstream import FakeBody, FakeUpstream, Opened
 
 PUBLIC = hf.RepoRef(hf.RepoType.MODEL, "acme/tiny")
@@ -348,6 +349,37 @@ async def test_a_file_with_no_disk_room_is_relayed_without_being_stored(hub: Fak
             relayed = b"".join([chunk async for chunk in chunks])
         assert relayed == WEIGHTS[1000:2000]
         assert hub.count("open_file") == 0 and parts.store.cached_path(resolved.entry.etag) is None
+
+
+async def test_a_range_relayed_from_a_peer_falls_back_to_upstream_when_the_peer_does_not_open_it(
+        parts: Parts, hub: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Relay naming a peer (another node fills the file) reads the Range from that node's fill; a peer that no longer
+    answers it (its fill ended meanwhile) leaves the Range to upstream, never to a failed read."""
+    resolved = await parts.service.resolve_file(target(PUBLIC, "model.safetensors"), ANON)
+    etag = resolved.entry.etag
+    asked: list[tuple[str, str, int, int | None]] = []
+    peer_up = True
+
+    @asynccontextmanager
+    async def stream_peer(url: str, token: str, start: int, end: int | None = None) -> AsyncIterator[FakeBody]:
+        asked.append((url, token, start, end))
+        if not peer_up:
+            raise UpstreamUnavailable("peer answered 404")
+        yield FakeBody(WEIGHTS[start:(end + 1 if end is not None else None)])
+
+    monkeypatch.setattr(hub, "stream_peer", stream_peer, raising=False)
+    relay = Relay(resolved, None, 1000, 50_999, Outcome.MISS, peer=PeerAddress("http://node-a:8090", "tok"))
+    async with parts.service.relay_file(relay, chunk_size=4096) as chunks:
+        assert b"".join([chunk async for chunk in chunks]) == WEIGHTS[1000:51_000]
+    assert hub.count("stream_file") == 0 and len(asked) == 1
+    url, token, start, end = asked[0]
+    assert url.startswith(f"http://node-a:8090/_mirror/fills/{etag}?") and (token, start, end) == ("tok", 1000, 50_999)
+    assert parts.metrics.registry.get_sample_value("hf_mirror_peer_bytes_total") == 50_000
+
+    peer_up = False
+    async with parts.service.relay_file(relay, chunk_size=4096) as chunks:
+        assert b"".join([chunk async for chunk in chunks]) == WEIGHTS[1000:51_000]
+    assert hub.count("stream_file") == 1 and len(asked) == 2
 
 
 async def test_a_revision_asked_over_the_api_names_the_commit_of_the_branch(parts: Parts, hub: FakeUpstream) -> None:
