@@ -12,7 +12,8 @@ Policy: no web framework and no HTTP client type here. Upstream answers arrive a
 keys are built by :mod:`mirror.index`.
 
 Objects composed over one core, not mixins: :class:`MirrorService` builds each side from the one
-:class:`~mirror.service.core.ServiceCore` and offers their public methods, which it delegates.
+:class:`~mirror.service.core.ServiceCore` and offers their public methods, which it delegates
+(a coroutine method's delegate hands back the side's coroutine itself: no extra frame on every request).
 
 - :mod:`mirror.service.answers`: the values a route sends (ResolvedFile; Cached | Filling | Relay; ApiResult);
 - :mod:`mirror.service.core`: ``ServiceCore``, what every side shares (the parts, refs remembered, the questions in
@@ -27,7 +28,7 @@ Objects composed over one core, not mixins: :class:`MirrorService` builds each s
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any
 
@@ -72,35 +73,35 @@ class MirrorService:
         """The commit this node knows ``revision`` at (never asks upstream): :meth:`ServiceCore.commit_of`."""
         return self.core.commit_of(repo, revision, fresh=fresh)
 
-    async def learn_visibility(self, repo: hf.RepoRef, caller: Caller) -> None:
+    def learn_visibility(self, repo: hf.RepoRef, caller: Caller) -> Awaitable[None]:
         """Whether ``repo`` is public, asked anonymously once for a caller lent the service token:
         :meth:`ServiceCore.learn_visibility`."""
-        await self.core.learn_visibility(repo, caller)
+        return self.core.learn_visibility(repo, caller)
 
     # --- the file side ---------------------------------------------------------------------------------------------
 
-    async def resolve_file(self, target: hf.ResolveTarget, caller: Caller) -> ResolvedFile:
+    def resolve_file(self, target: hf.ResolveTarget, caller: Caller) -> Awaitable[ResolvedFile]:
         """What ``target`` is (commit, etag, size), or the Hub's error: :meth:`FileService.resolve_file`."""
-        return await self.file_service.resolve_file(target, caller)
+        return self.file_service.resolve_file(target, caller)
 
-    async def confirm_content(self, repo: hf.RepoRef, revision: str, caller: Caller) -> None:
+    def confirm_content(self, repo: hf.RepoRef, revision: str, caller: Caller) -> Awaitable[None]:
         """Raise unless ``caller`` may read ``repo``'s content (pin, warm, a job's page):
         :meth:`FileService.confirm_content`."""
-        await self.file_service.confirm_content(repo, revision, caller)
+        return self.file_service.confirm_content(repo, revision, caller)
 
-    async def admit_bytes(self, resolved: ResolvedFile, caller: Caller) -> None:
+    def admit_bytes(self, resolved: ResolvedFile, caller: Caller) -> Awaitable[None]:
         """The admission policy before any byte of a file leaves the mirror: :meth:`FileService.admit_bytes`."""
-        await self.file_service.admit_bytes(resolved, caller)
+        return self.file_service.admit_bytes(resolved, caller)
 
-    async def head_outcome(self, resolved: ResolvedFile) -> Outcome:
+    def head_outcome(self, resolved: ResolvedFile) -> Awaitable[Outcome]:
         """The outcome a HEAD reports (a hit only when the blob is stored): :meth:`FileService.head_outcome`."""
-        return await self.file_service.head_outcome(resolved)
+        return self.file_service.head_outcome(resolved)
 
-    async def open_blob(self, resolved: ResolvedFile, caller: Caller, start: int, end: int,
-                        detached: bool = False, whole: bool = False) -> BlobSource:
+    def open_blob(self, resolved: ResolvedFile, caller: Caller, start: int, end: int,
+                  detached: bool = False, whole: bool = False) -> Awaitable[BlobSource]:
         """Where the bytes ``start..end`` of a file come from (Cached | Filling | Relay):
         :meth:`FileService.open_blob`."""
-        return await self.file_service.open_blob(resolved, caller, start, end, detached, whole)
+        return self.file_service.open_blob(resolved, caller, start, end, detached, whole)
 
     def relay_file(self, relay: Relay, chunk_size: int) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
         """The relayed bytes of ``relay``, as they arrive from upstream: :meth:`FileService.relay_file`."""
@@ -110,27 +111,27 @@ class MirrorService:
         """While a response sends a stored blob's bytes (no node of a fleet evicts it): :meth:`FileService.reading`."""
         return self.file_service.reading(etag)
 
-    async def admit_lfs_file(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int,
-                             caller: Caller) -> None:
+    def admit_lfs_file(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int,
+                       caller: Caller) -> Awaitable[None]:
         """:meth:`admit_bytes` for an LFS file known by its hash (the Xet CAS): :meth:`FileService.admit_lfs_file`."""
-        await self.file_service.admit_lfs_file(repo, commit, path, etag, size, caller)
+        return self.file_service.admit_lfs_file(repo, commit, path, etag, size, caller)
 
-    async def lfs_outcome(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int) -> Outcome:
+    def lfs_outcome(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int) -> Awaitable[Outcome]:
         """:meth:`head_outcome` of an LFS file known by its hash (the Xet CAS): :meth:`FileService.lfs_outcome`."""
-        return await self.file_service.lfs_outcome(repo, commit, path, etag, size)
+        return self.file_service.lfs_outcome(repo, commit, path, etag, size)
 
-    async def open_xorb(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int, caller: Caller,
-                        start: int, end: int, whole: bool = False) -> BlobSource:
+    def open_xorb(self, repo: hf.RepoRef, commit: str, path: str, etag: str, size: int, caller: Caller,
+                  start: int, end: int, whole: bool = False) -> Awaitable[BlobSource]:
         """Where the bytes of an LFS file framed into a Xet xorb come from: :meth:`FileService.open_xorb`."""
-        return await self.file_service.open_xorb(repo, commit, path, etag, size, caller, start, end, whole)
+        return self.file_service.open_xorb(repo, commit, path, etag, size, caller, start, end, whole)
 
     # --- the API side ----------------------------------------------------------------------------------------------
 
-    async def api(self, target: hf.ApiTarget, method: str, raw_path: str, query: list[tuple[str, str]],
-                  form: list[tuple[str, str]] | None, caller: Caller) -> ApiResult:
+    def api(self, target: hf.ApiTarget, method: str, raw_path: str, query: list[tuple[str, str]],
+            form: list[tuple[str, str]] | None, caller: Caller) -> Awaitable[ApiResult]:
         """Cached API JSON for the read routes clients use (info, revision, tree, paths-info):
         :meth:`ApiService.api`."""
-        return await self.api_service.api(target, method, raw_path, query, form, caller)
+        return self.api_service.api(target, method, raw_path, query, form, caller)
 
     def relay(self, raw_path: str, query: list[tuple[str, str]],
               caller: Caller) -> AbstractAsyncContextManager[RelayBody]:
@@ -142,10 +143,10 @@ class MirrorService:
         """The query parameters a route of the route table reads: :meth:`ReadService.read_query`."""
         return self.read_service.read_query(route, query)
 
-    async def read(self, route: ReadRoute, target: hf.ApiTarget | None, raw_path: str,
-                   query: list[tuple[str, str]], caller: Caller, *, revalidate: bool = False) -> ApiResult:
+    def read(self, route: ReadRoute, target: hf.ApiTarget | None, raw_path: str,
+             query: list[tuple[str, str]], caller: Caller, *, revalidate: bool = False) -> Awaitable[ApiResult]:
         """A route of the route table, cached as it says (stored, stale, or upstream's): :meth:`ReadService.read`."""
-        return await self.read_service.read(route, target, raw_path, query, caller, revalidate=revalidate)
+        return self.read_service.read(route, target, raw_path, query, caller, revalidate=revalidate)
 
 
 __all__ = ["ApiService", "FileService", "MirrorService", "ReadService", "ServiceCore"]
