@@ -31,6 +31,9 @@ from tests.support.mirror_proc import MirrorProcess, metric
 
 EMULATOR_FILES = fleet_support.EMULATOR_FILES  # for ``emu`` (tests/e2e/conftest.py)
 TTL = 3.0  # the fleet lease ttl of these tests (default 10): a dead or frozen filler is passed over after it
+# The tests that stop the database: a node gives up on it after 2 s (default 10), so a request that needs it while
+# it is down fails after that, not after the default's wait.
+DATABASE_DOWN = {"HF_MIRROR_METADATA_CONNECT_TIMEOUT": "2"}
 
 
 @pytest.fixture
@@ -191,7 +194,7 @@ def test_database_down_hits_served_misses_refused_then_back(emu: EmulatorHandle,
     """A database of its own (it is stopped and started again): hits need no database; a cold miss fails while it is
     down; once it is back, the node carries on without a restart."""
     with postgres_server.PostgresServer() as own:
-        (node,) = start_fleet(fleet, emu, own.create_database(), count=1)
+        (node,) = start_fleet(fleet, emu, own.create_database(), count=1, env=DATABASE_DOWN)
         warm, cold = (f"/{MODEL}/resolve/main/{path}" for path in ("config.json", "sub/nested.txt"))
         expected = {url: emu.files.file_bytes("model", MODEL, "main", url.rsplit("/main/", 1)[1])
                     for url in (warm, cold)}
@@ -599,7 +602,7 @@ def test_the_database_restarted_under_load_warm_hits_keep_succeeding(emu: Emulat
                                                                        fleet: Fleet) -> None:
     with postgres_server.PostgresServer() as own:
         database = own.create_database()
-        started = start_fleet(fleet, emu, database)
+        started = start_fleet(fleet, emu, database, env=DATABASE_DOWN)
         warm = [f"/{MODEL}/resolve/main/{path}" for path in ("config.json", "model.safetensors", "sub/nested.txt")]
         expected = {url: emu.files.file_bytes("model", MODEL, "main", url.rsplit("/main/", 1)[1]) for url in warm}
         for node in started:
