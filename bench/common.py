@@ -284,6 +284,21 @@ def write_json(path: str | None, reports: list[Report], meta: dict[str, Any]) ->
         Path(path).write_text(json.dumps({"meta": meta, "reports": [r.to_json() for r in reports]}, indent=2))
 
 
+def report_run(reports: list[Report], began: float, json_path: str | None, meta: dict[str, Any],
+               details: dict[str, Any] | None = None) -> None:
+    """The tail of a one-off bench: its tables; then each of ``details`` as a ``- key: value`` line and the whole
+    run's seconds (or, without details, the wall seconds alone); with ``--json``, the tables and ``meta`` written."""
+    for report in reports:
+        report.print()
+    if details is None:
+        print(f"\n(wall {time.monotonic() - began:.0f} s)")
+    else:
+        for key, value in details.items():
+            print(f"- {key}: {value}")
+        print(f"- whole run: {time.monotonic() - began:.0f} s")
+    write_json(json_path, reports, meta)
+
+
 def print_and_save(reports: list[Report], args: argparse.Namespace, size: int) -> None:
     """Print every table; with ``--json``, write them and the run's parameters."""
     for report in reports:

@@ -13,6 +13,7 @@ than a rate does.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import tempfile
 from pathlib import Path
 
@@ -37,6 +38,12 @@ FILE = "config.json"
 RESOLVE = f"/{REPO}/resolve/main/{FILE}"
 
 
+def _start_and_fill(proc: MirrorProcess) -> None:
+    proc.cache_dir.parent.mkdir(parents=True)
+    proc.start()
+    httpx.get(proc.url + RESOLVE, follow_redirects=True, timeout=30).raise_for_status()  # fills the cache
+
+
 def run(rounds: int, seconds: int, connections: int, baseline: Path | None) -> Report:
     with emulator(1 << 20) as emu, tempfile.TemporaryDirectory(prefix="hf-bench-head-") as tmp:
         etag = emu.files.etag("model", REPO, "main", FILE)
@@ -44,10 +51,8 @@ def run(rounds: int, seconds: int, connections: int, baseline: Path | None) -> R
         procs = {name: MirrorProcess(emu.url, Path(tmp) / name / "cache", **({"cwd": tree} if tree else {}))
                  for name, tree in trees.items()}
         try:
-            for proc in procs.values():
-                proc.cache_dir.parent.mkdir(parents=True)
-                proc.start()
-                httpx.get(proc.url + RESOLVE, follow_redirects=True, timeout=30).raise_for_status()  # fills the cache
+            with concurrent.futures.ThreadPoolExecutor(len(procs)) as pool:  # side by side: each takes seconds
+                list(pool.map(_start_and_fill, procs.values()))
             cache = procs["mirror"].cache_dir
             blob = blob_path(cache, etag, wait=10)
             with Nginx(cache / "blobs", Path(tmp) / "nginx", 1) as nginx:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import BIG_PATH, EmulatorHandle, Report, emulator, ensure_tools, mirror, parse_size, write_json
+from bench.common import BIG_PATH, EmulatorHandle, Report, emulator, ensure_tools, mirror, parse_size, report_run
 from tests.support.mirror_proc import metric
 
 
@@ -109,11 +109,7 @@ def main() -> None:
     args = parser.parse_args()
     ensure_tools()
     began = time.monotonic()
-    reports = run(args)
-    for report in reports:
-        report.print()
-    print(f"\n(wall {time.monotonic() - began:.0f} s)")
-    write_json(args.json, reports, {"size": parse_size(args.size), "runs": args.runs, "argv": sys.argv[1:]})
+    report_run(run(args), began, args.json, {"size": parse_size(args.size), "runs": args.runs, "argv": sys.argv[1:]})
 
 
 if __name__ == "__main__":

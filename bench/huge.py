@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import PeakRss, Report, cpu_seconds, curl, finish, machine, parse_size, write_json
+from bench.common import PeakRss, Report, cpu_seconds, curl, finish, machine, parse_size, report_run
 from tests.support.hub_emulator.fixtures import generated_bytes
 from tests.support.hub_emulator.runner import run_emulator
 from tests.support.mirror_proc import MirrorProcess, metric, run_client
@@ -105,11 +105,7 @@ def main() -> None:
         report, details = run(size, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    report.print()
-    for key, value in details.items():
-        print(f"- {key}: {value}")
-    print(f"- whole run: {time.monotonic() - began:.0f} s")
-    write_json(args.json, [report], {**machine(), **details})
+    report_run([report], began, args.json, {**machine(), **details}, details)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import Report, curl, finish, machine, parse_size, write_json
+from bench.common import Report, curl, finish, machine, parse_size, report_run
 from tests.support.hub_emulator.fixtures import generated_bytes
 from tests.support.hub_emulator.runner import run_emulator
 from tests.support.mirror_proc import MirrorProcess, blob, wait_for
@@ -116,11 +116,7 @@ def main() -> None:
         report, details = run(size, workdir, full)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    report.print()
-    for key, value in details.items():
-        print(f"- {key}: {value}")
-    print(f"- whole run: {time.monotonic() - began:.0f} s")
-    write_json(args.json, [report], {**machine(), **details, "argv": sys.argv[1:]})
+    report_run([report], began, args.json, {**machine(), **details, "argv": sys.argv[1:]}, details)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from bench.common import (
     mirror,
     parallel_get,
     parse_size,
-    write_json,
+    report_run,
 )
 from tests.support.mirror_proc import client_env
 
@@ -130,11 +130,7 @@ def main() -> None:
     args = parser.parse_args()
     ensure_tools()
     began = time.monotonic()
-    reports = run(args)
-    for report in reports:
-        report.print()
-    print(f"\n(wall {time.monotonic() - began:.0f} s)")
-    write_json(args.json, reports, {"size": parse_size(args.size), "runs": args.runs, "argv": sys.argv[1:]})
+    report_run(run(args), began, args.json, {"size": parse_size(args.size), "runs": args.runs, "argv": sys.argv[1:]})
 
 
 if __name__ == "__main__":

@@ -215,6 +215,9 @@ class Settings(BaseSettings):
     # Lifetime of a fill lease the database grants (its clock decides): a dead or frozen filler is taken over after
     # this, and a holder renews every third of it.
     fleet_lease_seconds: float = Field(10.0, gt=0, le=300)
+    # How long a node waits for the fleet's database to answer (a new connection, or one from the pool) before it
+    # reports the metadata unavailable: a fill that needs a lease fails after this while the database is down.
+    metadata_connect_timeout: float = Field(10.0, gt=0)
     # Access (issue 6).
     access_ttl: float = 300.0
     # How long a caller's confirmed access to non-public content is honoured when upstream cannot be asked

@@ -33,6 +33,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
 from datetime import datetime
@@ -273,8 +274,9 @@ class PostgresMetadata:
     async def _listen(self) -> None:
         while True:
             try:
+                # libpq's connect_timeout is whole seconds, and 0 would wait for ever.
                 conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True,
-                                                             connect_timeout=int(self.connect_timeout))
+                                                             connect_timeout=max(1, math.ceil(self.connect_timeout)))
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     await conn.execute(f"LISTEN {EVICTIONS}")

@@ -21,51 +21,19 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.test_scale_out import (
-    BIG,
-    BIG_SIZE,
-    BIG_URL,
-    MODEL,
-    Fleet,
-    _fill_active,
-    _fill_written,
-    _wait_for,
-    get,
-    sha256,
-)
 from tests.e2e.test_sync import cli
+from tests.support import fleet as fleet_support
 from tests.support import postgres_server, s3_server
+from tests.support.fleet import BIG, BIG_URL, MODEL, Fleet, fill_active, fill_written, get, sha256, wait_until
 from tests.support.hub_emulator.fixtures import DENIED_TOKEN, GOOD_TOKEN
-from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
+from tests.support.hub_emulator.runner import EmulatorHandle
 from tests.support.mirror_proc import MirrorProcess, metric
 
+EMULATOR_FILES = fleet_support.EMULATOR_FILES  # for ``emu`` (tests/e2e/conftest.py)
 TTL = 3.0  # the fleet lease ttl of these tests (default 10): a dead or frozen filler is passed over after it
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorHandle]:
-    with run_emulator(tmp_path_factory.mktemp("hub"), big_file_size=BIG_SIZE) as handle:
-        yield handle
-
-
-@pytest.fixture
-def upstream(hub: EmulatorHandle) -> Iterator[EmulatorHandle]:
-    hub.clear_faults()
-    hub.reset_stats()
-    yield hub
-    hub.clear_faults()
-
-
-@pytest.fixture
-def nodes(s3: s3_server.S3Server, tmp_path: Path) -> Iterator[Fleet]:
-    out = Fleet(s3, tmp_path)
-    try:
-        yield out
-    finally:
-        for proc in out.nodes:  # a node left frozen by a failed test must not hold its stop for 30 s
-            if proc.proc is not None:
-                proc.proc.send_signal(signal.SIGCONT)
-        out.stop()
+# The tests that stop the database: a node gives up on it after 2 s (default 10), so a request that needs it while
+# it is down fails after that, not after the default's wait.
+DATABASE_DOWN = {"HF_MIRROR_METADATA_CONNECT_TIMEOUT": "2"}
 
 
 @pytest.fixture
@@ -75,22 +43,10 @@ def database(postgres: postgres_server.PostgresServer) -> str:
 
 def start_fleet(fleet: Fleet, emu: EmulatorHandle, database: str, count: int = 3,
                 env: dict[str, str] | None = None) -> list[MirrorProcess]:
-    """``count`` nodes on the fleet's bucket and ``database``, as ``Fleet.start`` does, with a startup deadline
-    that survives a loaded machine (``env``: more settings for every node)."""
-    storage = ["--storage", "s3", "--s3-endpoint", fleet.s3.endpoint, "--s3-bucket", fleet.s3.bucket,
-               "--s3-prefix", fleet.prefix, "--metadata-url", database]
-    procs = []
-    for _ in range(count):
-        name = f"node{len(fleet.nodes)}"
-        (fleet.tmp / name).mkdir(parents=True, exist_ok=True)
-        proc = MirrorProcess(emu.url, fleet.tmp / name / "cache", *storage,
-                             env={**fleet.s3.env, "HF_MIRROR_FLEET_LEASE_SECONDS": str(TTL), **(env or {})})
-        proc.env["HF_MIRROR_NODE_URL"] = proc.url
-        fleet.nodes.append(proc)
-        procs.append(proc)
-    with concurrent.futures.ThreadPoolExecutor(count) as pool:
-        list(pool.map(lambda proc: proc.start(timeout=90), procs))
-    return procs
+    """``count`` nodes on the fleet's bucket and ``database``, with the lease ttl of these tests (``env``: more
+    settings for every node)."""
+    return fleet.start(count, emu.url, "--metadata-url", database,
+                       env={"HF_MIRROR_FLEET_LEASE_SECONDS": str(TTL), **(env or {})})
 
 
 def blob_keys(fleet: Fleet) -> set[str]:
@@ -117,9 +73,8 @@ def stream_into(url: str, got: dict[str, Any]) -> None:
     got["done"] = time.monotonic()
 
 
-def test_cold_clients_on_three_nodes_one_upstream_fetch(upstream: EmulatorHandle, nodes: Fleet,
+def test_cold_clients_on_three_nodes_one_upstream_fetch(emu: EmulatorHandle, fleet: Fleet,
                                                         database: str) -> None:
-    emu, fleet = upstream, nodes
     started_nodes = start_fleet(fleet, emu, database)
     data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
     emu.set_faults(throttle_bps=4 * 2**20)  # about 2 s: the 15 requests overlap the fill on every node
@@ -137,7 +92,7 @@ def test_cold_clients_on_three_nodes_one_upstream_fetch(upstream: EmulatorHandle
     assert results == [(200, sha256(data))] * 15, results
     assert emu.fetch_count(*BIG) == 1, emu.stats()["fetches"]
     etag = emu.files.etag(*BIG[:2], "main", BIG[2])
-    _wait_for(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "one blob in the bucket")
+    wait_until(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "one blob in the bucket")
     assert not any(key.startswith("leases/") for key in fleet.bucket_keys()), "the database holds the leases"
     row = lease_row(database, etag)
     assert row is not None and row[0] is None, row  # released after the commit
@@ -145,9 +100,8 @@ def test_cold_clients_on_three_nodes_one_upstream_fetch(upstream: EmulatorHandle
           f"upstream bytes {emu.stats()['bytes_served'] / len(data):.2f}x the file")
 
 
-def test_filler_killed_at_30_percent_is_taken_over_within_the_ttl(upstream: EmulatorHandle, nodes: Fleet,
+def test_filler_killed_at_30_percent_is_taken_over_within_the_ttl(emu: EmulatorHandle, fleet: Fleet,
                                                                  database: str) -> None:
-    emu, fleet = upstream, nodes
     a, b, c = start_fleet(fleet, emu, database)
     data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
     emu.set_faults(throttle_bps=2**20)  # an 8 s fill
@@ -155,11 +109,11 @@ def test_filler_killed_at_30_percent_is_taken_over_within_the_ttl(upstream: Emul
     readers = [threading.Thread(target=stream_into, args=(node.url + BIG_URL, got[i]))
                for i, node in enumerate((a, b, c))]
     readers[0].start()
-    _wait_for(lambda: _fill_written(a) > 256 * 1024, "node A to be filling")
+    wait_until(lambda: fill_written(a) > 256 * 1024, "node A to be filling")
     readers[1].start()
     readers[2].start()
-    _wait_for(lambda: _fill_active(b) and _fill_active(c), "nodes B and C to follow A's fill")
-    _wait_for(lambda: _fill_written(a) >= 0.3 * len(data), "node A at 30 %")
+    wait_until(lambda: fill_active(b) and fill_active(c), "nodes B and C to follow A's fill")
+    wait_until(lambda: fill_written(a) >= 0.3 * len(data), "node A at 30 %")
     a.kill9()
     killed_at = time.monotonic()
     # What upstream sent the dead node (its socket is gone: the emulator goes on "sending" into the void, so its
@@ -177,16 +131,15 @@ def test_filler_killed_at_30_percent_is_taken_over_within_the_ttl(upstream: Emul
     upstream = (sent_to_a + fetched) / len(data)
     assert upstream <= 1.3, f"upstream bytes {upstream:.2f}x the file: {sent_to_a} to A, {fetched} to B and C"
     etag = emu.files.etag(*BIG[:2], "main", BIG[2])
-    _wait_for(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "one blob in the bucket")
+    wait_until(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "one blob in the bucket")
     row = lease_row(database, etag)
     assert row is not None and row[1] >= 2, row  # granted again, under a new epoch
     print(f"filler killed at 30 %: B and C complete {takeover:.2f}s after the kill (ttl {TTL}s), "
           f"upstream bytes {upstream:.2f}x the file")
 
 
-def test_filler_frozen_past_its_lease_commits_nothing(upstream: EmulatorHandle, nodes: Fleet,
+def test_filler_frozen_past_its_lease_commits_nothing(emu: EmulatorHandle, fleet: Fleet,
                                                       database: str) -> None:
-    emu, fleet = upstream, nodes
     a, b, c = start_fleet(fleet, emu, database)
     data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
     etag = emu.files.etag(*BIG[:2], "main", BIG[2])
@@ -195,11 +148,11 @@ def test_filler_frozen_past_its_lease_commits_nothing(upstream: EmulatorHandle, 
     readers = [threading.Thread(target=stream_into, args=(node.url + BIG_URL, got[i]))
                for i, node in enumerate((a, b, c))]
     readers[0].start()
-    _wait_for(lambda: _fill_written(a) > 256 * 1024, "node A to be filling")
+    wait_until(lambda: fill_written(a) > 256 * 1024, "node A to be filling")
     readers[1].start()
     readers[2].start()
-    _wait_for(lambda: _fill_active(b) and _fill_active(c), "nodes B and C to follow A's fill")
-    _wait_for(lambda: _fill_written(a) >= 0.3 * len(data), "node A at 30 %")
+    wait_until(lambda: fill_active(b) and fill_active(c), "nodes B and C to follow A's fill")
+    wait_until(lambda: fill_written(a) >= 0.3 * len(data), "node A at 30 %")
     assert a.proc is not None
     a.proc.send_signal(signal.SIGSTOP)
     stopped_at = time.monotonic()
@@ -212,13 +165,13 @@ def test_filler_frozen_past_its_lease_commits_nothing(upstream: EmulatorHandle, 
                 {k: v for k, v in result.items() if k != "body"}
         moved_on = max(result["done"] for result in got[1:]) - stopped_at
         assert moved_on < TTL + 10, f"the followers were held {moved_on:.1f}s by a frozen filler (ttl {TTL}s)"
-        _wait_for(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "the takeover's commit")
+        wait_until(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "the takeover's commit")
         row = lease_row(database, etag)
         assert row is not None and row[1] >= 2, row
     finally:
         a.proc.send_signal(signal.SIGCONT)
     # A wakes up past its lease: its renewal finds the lease gone, it stops and commits nothing.
-    _wait_for(lambda: "lost the fill lease" in a.log(), "node A to learn it lost the lease", timeout=30)
+    wait_until(lambda: "lost the fill lease" in a.log(), "node A to learn it lost the lease", timeout=30)
     readers[0].join(60)
     if got[0].get("status") == 200 and len(got[0]["body"]) == len(data):
         assert got[0]["body"] == data
@@ -237,12 +190,11 @@ def _needs_the_fleet_extra() -> Iterator[None]:
     yield
 
 
-def test_database_down_hits_served_misses_refused_then_back(upstream: EmulatorHandle, nodes: Fleet) -> None:
+def test_database_down_hits_served_misses_refused_then_back(emu: EmulatorHandle, fleet: Fleet) -> None:
     """A database of its own (it is stopped and started again): hits need no database; a cold miss fails while it is
     down; once it is back, the node carries on without a restart."""
-    emu, fleet = upstream, nodes
     with postgres_server.PostgresServer() as own:
-        (node,) = start_fleet(fleet, emu, own.create_database(), count=1)
+        (node,) = start_fleet(fleet, emu, own.create_database(), count=1, env=DATABASE_DOWN)
         warm, cold = (f"/{MODEL}/resolve/main/{path}" for path in ("config.json", "sub/nested.txt"))
         expected = {url: emu.files.file_bytes("model", MODEL, "main", url.rsplit("/main/", 1)[1])
                     for url in (warm, cold)}
@@ -266,12 +218,11 @@ def test_database_down_hits_served_misses_refused_then_back(upstream: EmulatorHa
             status, body, _ = get(node.url + cold)
             return status == 200 and body == expected[cold]
 
-        _wait_for(served, "the cold file once the database is back", timeout=60)
+        wait_until(served, "the cold file once the database is back", timeout=60)
 
 
-def test_main_resolved_on_one_node_is_answered_by_another_without_upstream(upstream: EmulatorHandle, nodes: Fleet,
+def test_main_resolved_on_one_node_is_answered_by_another_without_upstream(emu: EmulatorHandle, fleet: Fleet,
                                                                          database: str) -> None:
-    emu, fleet = upstream, nodes
     a, b = start_fleet(fleet, emu, database, count=2)
     url = f"/{MODEL}/resolve/main/config.json"
     expected = emu.files.file_bytes("model", MODEL, "main", "config.json")
@@ -289,7 +240,7 @@ def test_main_resolved_on_one_node_is_answered_by_another_without_upstream(upstr
             public = conn.execute("SELECT count(*) FROM hf_mirror_access WHERE subject = 'public'").fetchone()
         return refs == [(commit,)] and files == (1,) and public is not None and public[0] >= 1
 
-    _wait_for(shared, "A's ref, file entry and access confirmation in the database")
+    wait_until(shared, "A's ref, file entry and access confirmation in the database")
     emu.reset_stats()
     for _ in range(2):
         status, body, headers = get(b.url + url)
@@ -301,15 +252,14 @@ def test_main_resolved_on_one_node_is_answered_by_another_without_upstream(upstr
     print("main resolved on A: B answered it (HEAD and body) with 0 upstream requests")
 
 
-def test_a_pin_on_one_node_survives_a_gc_on_another(upstream: EmulatorHandle, nodes: Fleet, database: str,
+def test_a_pin_on_one_node_survives_a_gc_on_another(emu: EmulatorHandle, fleet: Fleet, database: str,
                                                     tmp_path: Path) -> None:
-    emu, fleet = upstream, nodes
     (a,) = start_fleet(fleet, emu, database, count=1)
     small = f"/{MODEL}/resolve/main/config.json"
     assert get(a.url + small)[0] == 200 and get(a.url + BIG_URL)[0] == 200
     pinned = emu.files.etag("model", MODEL, "main", "config.json")
     big = emu.files.etag(*BIG[:2], "main", BIG[2])
-    _wait_for(lambda: blob_keys(fleet) == {f"blobs/{e[:2]}/{e}" for e in (pinned, big)}, "both blobs committed")
+    wait_until(lambda: blob_keys(fleet) == {f"blobs/{e[:2]}/{e}" for e in (pinned, big)}, "both blobs committed")
     response = httpx.post(a.url + f"/api/mirror/repos/model/{MODEL}/pin", json={}, timeout=30)
     assert response.status_code == 200, response.text
     # The gc runs on another node: a fresh cache directory, whose own index knows nothing of A's pin or files.
@@ -348,23 +298,22 @@ def verify_cli(fleet: Fleet, node: MirrorProcess, database: str) -> Any:
                "--metadata-url", database, env=fleet.s3.env)
 
 
-def test_a_flipped_byte_in_a_hot_tier_copy_never_deletes_the_bucket_object(upstream: EmulatorHandle, nodes: Fleet,
+def test_a_flipped_byte_in_a_hot_tier_copy_never_deletes_the_bucket_object(emu: EmulatorHandle, fleet: Fleet,
                                                                           database: str) -> None:
     """Node A's scrub, then ``cache verify`` on A, find A's hot-tier copy bad: each removes that copy only, the bucket
     object (checked on its own) stays, and A serves the right bytes again, copied from the bucket, not upstream."""
-    emu, fleet = upstream, nodes
     a, b = start_fleet(fleet, emu, database, count=2)
     data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
     etag = emu.files.etag(*BIG[:2], "main", BIG[2])
     status, body, _ = get(a.url + BIG_URL)
     assert status == 200 and body == data
-    _wait_for(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "the blob in the bucket")
+    wait_until(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "the blob in the bucket")
     hot = a.cache_dir / "blobs" / etag[:2] / etag
     assert hot.read_bytes() == data
 
     flip_a_byte(hot)
     get(a.url + BIG_URL)  # a hit on the bad copy (served this once): the scrub checks it next
-    _wait_for(lambda: "this node's copy of blob" in a.log(), "A's scrub to drop its bad copy")
+    wait_until(lambda: "this node's copy of blob" in a.log(), "A's scrub to drop its bad copy")
     assert not hot.exists() or sha256(hot.read_bytes()) == etag
     assert bucket_object(fleet, etag) == data  # the bucket object passed its own check and stays
     assert "removed from the store" not in a.log(), a.log()[-3000:]
@@ -389,15 +338,14 @@ def test_a_flipped_byte_in_a_hot_tier_copy_never_deletes_the_bucket_object(upstr
           "object stayed, A and B served the right bytes, 1 upstream fetch in all")
 
 
-def test_cache_verify_deletes_a_bucket_object_that_fails_its_own_check(upstream: EmulatorHandle, nodes: Fleet,
+def test_cache_verify_deletes_a_bucket_object_that_fails_its_own_check(emu: EmulatorHandle, fleet: Fleet,
                                                                       database: str) -> None:
-    emu, fleet = upstream, nodes
     (a,) = start_fleet(fleet, emu, database, count=1)
     data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
     etag = emu.files.etag(*BIG[:2], "main", BIG[2])
     status, body, _ = get(a.url + BIG_URL)
     assert status == 200 and body == data
-    _wait_for(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "the blob in the bucket")
+    wait_until(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "the blob in the bucket")
     a.stop()
     hot = a.cache_dir / "blobs" / etag[:2] / etag
     assert hot.read_bytes() == data  # A's own copy is good: the bucket object is checked anyway
@@ -454,21 +402,20 @@ def hot_copy(node: MirrorProcess, etag: str) -> Path:
 
 
 def test_an_eviction_on_one_node_waits_for_a_read_on_another_then_every_node_drops_it(
-        upstream: EmulatorHandle, nodes: Fleet, database: str) -> None:
-    emu, fleet = upstream, nodes
+        emu: EmulatorHandle, fleet: Fleet, database: str) -> None:
     a, b, c = start_fleet(fleet, emu, database, env={"HF_MIRROR_ADMIN_TOKEN": ADMIN})
     data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
     etag = emu.files.etag(*BIG[:2], "main", BIG[2])
     key = f"blobs/{etag[:2]}/{etag}"
     status, body, _ = get(a.url + BIG_URL)
     assert status == 200 and body == data and emu.fetch_count(*BIG) == 1
-    _wait_for(lambda: blob_keys(fleet) == {key}, "A's commit")
+    wait_until(lambda: blob_keys(fleet) == {key}, "A's commit")
     # B streams the blob (its copy from the bucket, then its hot tier) to a client that reads slowly.
     with httpx.Client(timeout=120) as client, client.stream("GET", b.url + BIG_URL) as slow:
         assert slow.status_code == 200
         chunks = slow.iter_raw(64 * 1024)
         received = bytearray(next(chunks))
-        _wait_for(lambda: live_marks(database, etag, b) > 0, "B's busy mark in the database")
+        wait_until(lambda: live_marks(database, etag, b) > 0, "B's busy mark in the database")
         # The quota's gc and an operator's evict on A, while B's client is still reading: the fleet keeps it.
         gc_on(a, fleet, database)
         assert evict(a, f"dataset/{BIG[1]}")["blobs"] == 0
@@ -482,10 +429,10 @@ def test_an_eviction_on_one_node_waits_for_a_read_on_another_then_every_node_dro
     assert emu.fetch_count(*BIG) == 1, emu.stats()["fetches"]
     assert hot_copy(b, etag).exists() and hot_copy(c, etag).exists()
     # Every read over: the next evict on A removes it, and B and C drop their hot copies when told.
-    _wait_for(lambda: live_marks(database, etag) == 0, "the busy marks to go once the reads ended")
+    wait_until(lambda: live_marks(database, etag) == 0, "the busy marks to go once the reads ended")
     assert evict(a, f"dataset/{BIG[1]}")["blobs"] == 1
     assert blob_keys(fleet) == set()
-    _wait_for(lambda: not hot_copy(b, etag).exists() and not hot_copy(c, etag).exists(),
+    wait_until(lambda: not hot_copy(b, etag).exists() and not hot_copy(c, etag).exists(),
               "B and C to drop their hot copies")
     status, body, headers = get(b.url + BIG_URL)  # from upstream again, never a stale copy
     assert status == 200 and body == data and headers.get("x-mirror-cache") != "hit", headers
@@ -494,21 +441,20 @@ def test_an_eviction_on_one_node_waits_for_a_read_on_another_then_every_node_dro
           "after the read: evicted, dropped from B's and C's hot tiers")
 
 
-def test_a_pin_through_one_node_survives_an_evict_and_a_gc_on_another(upstream: EmulatorHandle, nodes: Fleet,
+def test_a_pin_through_one_node_survives_an_evict_and_a_gc_on_another(emu: EmulatorHandle, fleet: Fleet,
                                                                      database: str) -> None:
-    emu, fleet = upstream, nodes
     a, b = start_fleet(fleet, emu, database, count=2, env={"HF_MIRROR_ADMIN_TOKEN": ADMIN})
     url = f"/{MODEL}/resolve/main/config.json"
     status, body, _ = get(b.url + url)
     assert status == 200
     etag = emu.files.etag("model", MODEL, "main", "config.json")
     key = f"blobs/{etag[:2]}/{etag}"
-    _wait_for(lambda: key in blob_keys(fleet), "B's commit")
+    wait_until(lambda: key in blob_keys(fleet), "B's commit")
     response = httpx.post(b.url + f"/api/mirror/repos/model/{MODEL}/pin", json={}, timeout=30)
     assert response.status_code == 200, response.text
     status, _, _ = get(a.url + url)  # A knows the file too (its index has no pin of it)
     assert status == 200
-    _wait_for(lambda: live_marks(database, etag) == 0, "the reads' marks to go")
+    wait_until(lambda: live_marks(database, etag) == 0, "the reads' marks to go")
     assert evict(a, f"model/{MODEL}")["blobs"] == 0
     gc_on(a, fleet, database)
     assert key in blob_keys(fleet)
@@ -518,15 +464,14 @@ def test_a_pin_through_one_node_survives_an_evict_and_a_gc_on_another(upstream: 
     assert response.status_code == 200, response.text
     assert evict(a, f"model/{MODEL}")["blobs"] >= 1
     assert key not in blob_keys(fleet)
-    _wait_for(lambda: not hot_copy(b, etag).exists(), "B to drop its hot copy")
+    wait_until(lambda: not hot_copy(b, etag).exists(), "B to drop its hot copy")
 
-def test_bucket_down_hot_tier_hits_served_other_reads_fail_then_back(upstream: EmulatorHandle,
+def test_bucket_down_hot_tier_hits_served_other_reads_fail_then_back(emu: EmulatorHandle,
                                                                     postgres: postgres_server.PostgresServer,
                                                                     tmp_path: Path) -> None:
     """A bucket of its own (stopped and started again): a node's hot-tier hits need no bucket; a blob only in the
     bucket, and a cold miss, fail while it is down (nothing is fetched upstream for the miss); /healthz stays up;
     once the bucket is back, both are served without a restart (docs/scale-out.md, "When the bucket is down")."""
-    emu = upstream
     with s3_server.S3Server(tmp_path / "own-s3") as own:
         fleet = Fleet(own, tmp_path)
         try:
@@ -539,7 +484,7 @@ def test_bucket_down_hot_tier_hits_served_other_reads_fail_then_back(upstream: E
                 assert status == 200 and body == expected[name]
             committed = {emu.files.etag("model", MODEL, "main", paths[name]) for name in ("warm", "only_a")}
             # Only committed blobs enter a hot tier: wait for the uploads before taking the bucket away.
-            _wait_for(lambda: blob_keys(fleet) == {f"blobs/{e[:2]}/{e}" for e in committed}, "both blobs committed")
+            wait_until(lambda: blob_keys(fleet) == {f"blobs/{e[:2]}/{e}" for e in committed}, "both blobs committed")
             own.stop()
             for node in (a, b):
                 status, body, headers = get(node.url + urls["warm"])
@@ -562,8 +507,8 @@ def test_bucket_down_hot_tier_hits_served_other_reads_fail_then_back(upstream: E
                     return False
                 return status == 200 and body == expected[name]
 
-            _wait_for(lambda: served(b, "only_a"), "B's read from the bucket once it is back", timeout=60)
-            _wait_for(lambda: served(a, "cold"), "the cold file once the bucket is back", timeout=60)
+            wait_until(lambda: served(b, "only_a"), "B's read from the bucket once it is back", timeout=60)
+            wait_until(lambda: served(a, "cold"), "the cold file once the bucket is back", timeout=60)
         finally:
             fleet.stop()
 
@@ -584,9 +529,8 @@ def answers_in(database: str, repo: str) -> int:
     return int(row[0]) if row else 0
 
 
-def test_api_json_and_listings_fetched_on_one_node_are_answered_by_the_others(upstream: EmulatorHandle,
-                                                                             nodes: Fleet, database: str) -> None:
-    emu, fleet = upstream, nodes
+def test_api_json_and_listings_fetched_on_one_node_are_answered_by_the_others(emu: EmulatorHandle,
+                                                                             fleet: Fleet, database: str) -> None:
     a, b, c = start_fleet(fleet, emu, database)
     commit = emu.files.commit("model", MODEL, "main")
     paths = [f"/api/models/{MODEL}", f"/api/models/{MODEL}/revision/main",
@@ -612,7 +556,7 @@ def test_api_json_and_listings_fetched_on_one_node_are_answered_by_the_others(up
             hashes = conn.execute("SELECT count(*) FROM hf_mirror_xet WHERE commit = %s", (commit,)).fetchone()
         return answers_in(database, f"model:{MODEL}") >= 4 and reads == (1,) and hashes == (len(listed),)
 
-    _wait_for(shared, "A's answers and Xet hashes in the database")
+    wait_until(shared, "A's answers and Xet hashes in the database")
     emu.reset_stats()
     for node in (b, c):
         for path in paths:
@@ -626,8 +570,7 @@ def test_api_json_and_listings_fetched_on_one_node_are_answered_by_the_others(up
 
 
 def test_a_private_repo_confirmed_on_one_node_is_refused_to_anonymous_callers_on_the_others(
-        upstream: EmulatorHandle, nodes: Fleet, database: str) -> None:
-    emu, fleet = upstream, nodes
+        emu: EmulatorHandle, fleet: Fleet, database: str) -> None:
     a, b, c = start_fleet(fleet, emu, database)
     private = "acme/private-model"
     good = {"authorization": f"Bearer {GOOD_TOKEN}"}
@@ -638,7 +581,7 @@ def test_a_private_repo_confirmed_on_one_node_is_refused_to_anonymous_callers_on
     for url in urls:
         response = httpx.get(a.url + url, headers=good, timeout=60)
         assert response.status_code == 200, (url, response.status_code, response.text[:200])
-    _wait_for(lambda: answers_in(database, f"model:{private}") >= 3, "A's answers of the private repo shared")
+    wait_until(lambda: answers_in(database, f"model:{private}") >= 3, "A's answers of the private repo shared")
     for node in (b, c):
         for headers in ({}, {"authorization": f"Bearer {DENIED_TOKEN}"}):
             for url in urls:
@@ -655,12 +598,11 @@ def test_a_private_repo_confirmed_on_one_node_is_refused_to_anonymous_callers_on
         upstream_asked(emu)
 
 
-def test_the_database_restarted_under_load_warm_hits_keep_succeeding(upstream: EmulatorHandle,
-                                                                       nodes: Fleet) -> None:
-    emu, fleet = upstream, nodes
+def test_the_database_restarted_under_load_warm_hits_keep_succeeding(emu: EmulatorHandle,
+                                                                       fleet: Fleet) -> None:
     with postgres_server.PostgresServer() as own:
         database = own.create_database()
-        started = start_fleet(fleet, emu, database)
+        started = start_fleet(fleet, emu, database, env=DATABASE_DOWN)
         warm = [f"/{MODEL}/resolve/main/{path}" for path in ("config.json", "model.safetensors", "sub/nested.txt")]
         expected = {url: emu.files.file_bytes("model", MODEL, "main", url.rsplit("/main/", 1)[1]) for url in warm}
         for node in started:
@@ -688,7 +630,7 @@ def test_the_database_restarted_under_load_warm_hits_keep_succeeding(upstream: E
         for thread in clients:
             thread.start()
         try:
-            _wait_for(lambda: len(results) > 30, "warm hits before the restart")
+            wait_until(lambda: len(results) > 30, "warm hits before the restart")
             own.stop()
             marks = [time.monotonic()]
             down_at = len(results)
@@ -698,12 +640,12 @@ def test_the_database_restarted_under_load_warm_hits_keep_succeeding(upstream: E
             for node in started:
                 response = httpx.get(node.url + cold, timeout=60)
                 misses.append((response.status_code, response.headers.get("x-error-code")))
-            _wait_for(lambda: len(results) > down_at + 60, "warm hits while the database is down", timeout=60)
+            wait_until(lambda: len(results) > down_at + 60, "warm hits while the database is down", timeout=60)
             marks.append(time.monotonic())
             own.start()
             marks.append(time.monotonic())
             up_at = len(results)
-            _wait_for(lambda: len(results) > up_at + 30, "warm hits after the restart", timeout=60)
+            wait_until(lambda: len(results) > up_at + 30, "warm hits after the restart", timeout=60)
         finally:
             stop.set()
             for thread in clients:
@@ -721,7 +663,7 @@ def test_the_database_restarted_under_load_warm_hits_keep_succeeding(upstream: E
             status, body, _ = get(started[1].url + cold)
             return status == 200 and body == data
 
-        _wait_for(filled, "a cold file filled once the database is back", timeout=60)
+        wait_until(filled, "a cold file filled once the database is back", timeout=60)
         # ... and what a node learns is shared again: a listing fetched on C is B's without upstream. C may not have
         # asked the database since it came back: its first try can fail, and C then leaves it alone (and drops
         # what it would write) for a few seconds, by design. So a few listings, each a new answer, until one is in.
@@ -731,7 +673,7 @@ def test_the_database_restarted_under_load_warm_hits_keep_succeeding(upstream: E
             before = answers_in(database, f"dataset:{BIG[1]}")
             assert httpx.get(started[2].url + listing, timeout=30).status_code == 200
             with contextlib.suppress(AssertionError):
-                _wait_for(lambda: answers_in(database, f"dataset:{BIG[1]}") > before,  # noqa: B023
+                wait_until(lambda: answers_in(database, f"dataset:{BIG[1]}") > before,  # noqa: B023
                           "C's listing in the database", timeout=5)
                 shared = listing
                 break
@@ -745,9 +687,8 @@ def test_the_database_restarted_under_load_warm_hits_keep_succeeding(upstream: E
               f"right bytes; misses while it was down: {misses[0]}")
 
 
-def test_a_xet_token_minted_on_one_node_is_accepted_by_another(upstream: EmulatorHandle, nodes: Fleet,
+def test_a_xet_token_minted_on_one_node_is_accepted_by_another(emu: EmulatorHandle, fleet: Fleet,
                                                               database: str) -> None:
-    emu, fleet = upstream, nodes
     a, b, c = start_fleet(fleet, emu, database)
     commit = emu.files.commit("model", MODEL, "main")
     head = httpx.head(f"{a.url}/{MODEL}/resolve/main/model.safetensors", timeout=30)
@@ -756,7 +697,7 @@ def test_a_xet_token_minted_on_one_node_is_accepted_by_another(upstream: Emulato
     token = httpx.get(f"{a.url}/api/models/{MODEL}/xet-read-token/{commit}", timeout=30)
     assert token.status_code == 200, token.text
     access = token.json()["accessToken"]
-    _wait_for(lambda: _xet_rows(database) >= 1, "A's Xet hash in the database")
+    wait_until(lambda: _xet_rows(database) >= 1, "A's Xet hash in the database")
     emu.reset_stats()
     for node in (b, c):  # the same secret: the token is good there, and the hash known from A (no listing upstream)
         answer = httpx.get(f"{node.url}/_xet/v1/reconstructions/{xet_hash}",
@@ -781,8 +722,7 @@ def _xet_rows(database: str) -> int:
     return int(row[0]) if row else 0
 
 
-def test_a_warm_asked_of_two_nodes_runs_once(upstream: EmulatorHandle, nodes: Fleet, database: str) -> None:
-    emu, fleet = upstream, nodes
+def test_a_warm_asked_of_two_nodes_runs_once(emu: EmulatorHandle, fleet: Fleet, database: str) -> None:
     a, b = start_fleet(fleet, emu, database, count=2)
     emu.set_faults(throttle_bps=2 * 2**20)  # a warm of some seconds: the second ask comes while it runs
     warm = {"repo": BIG[1], "type": "dataset"}
@@ -797,7 +737,7 @@ def test_a_warm_asked_of_two_nodes_runs_once(upstream: EmulatorHandle, nodes: Fl
         assert state.status_code == 200, state.text
         return bool(state.json()["state"] == "done")
 
-    _wait_for(done, "the warm done, as B tells it", timeout=60)
+    wait_until(done, "the warm done, as B tells it", timeout=60)
     emu.clear_faults()
     assert emu.fetch_count(*BIG) == 1, emu.stats()["fetches"]
     assert f"warm {job} done" in a.log()

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
+from tests.support.hub_emulator.runner import EmulatorHandle
 from tests.support.mirror_proc import MirrorProcess, blob, download, metric, run_client, wait_for
 
 BIG = "acme/big-data"
@@ -22,20 +21,7 @@ SIZE = 20 * MIB
 WINDOW = 4 * MIB
 WINDOWS = SIZE // WINDOW
 PARALLEL = ("--parallel-fill-threshold", "8MiB", "--fill-window", "4MiB", "--fill-connections", "3")
-
-
-@pytest.fixture(scope="module")
-def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorHandle]:
-    with run_emulator(tmp_path_factory.mktemp("emu"), big_file_size=SIZE) as handle:
-        yield handle
-
-
-@pytest.fixture(autouse=True)
-def clean_emulator(emu: EmulatorHandle) -> Iterator[None]:
-    emu.clear_faults()
-    emu.reset_stats()
-    yield
-    emu.clear_faults()
+EMULATOR_FILES = {"big_file_size": SIZE}  # for ``emu`` (tests/e2e/conftest.py)
 
 
 def big_sha(emu: EmulatorHandle) -> str:

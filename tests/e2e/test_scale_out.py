@@ -8,105 +8,25 @@ separate machines would have. Upstream fetches are counted by the emulator (GET 
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import json
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.e2e.test_sync import cli
-from tests.support import s3_server
+from tests.support import fleet as fleet_support
+from tests.support.fleet import BIG, BIG_SIZE, BIG_URL, MODEL, Fleet, fill_active, fill_written, get, sha256, wait_until
 from tests.support.hub_emulator.fixtures import DENIED_TOKEN, GOOD_TOKEN
-from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
-from tests.support.mirror_proc import MirrorProcess, metric, run_client
+from tests.support.hub_emulator.runner import EmulatorHandle
+from tests.support.mirror_proc import metric, run_client
 
-MODEL = "acme/tiny-model"
-BIG = ("dataset", "acme/big-data", "big.bin")
-BIG_URL = "/datasets/acme/big-data/resolve/main/big.bin"
-BIG_SIZE = 8 * 2**20
+EMULATOR_FILES = fleet_support.EMULATOR_FILES  # for ``emu`` (tests/e2e/conftest.py)
 
 
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-@pytest.fixture(scope="module")
-def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorHandle]:
-    with run_emulator(tmp_path_factory.mktemp("hub"), big_file_size=BIG_SIZE) as handle:
-        yield handle
-
-
-@pytest.fixture
-def emulator_clean(emu: EmulatorHandle) -> Iterator[EmulatorHandle]:
-    emu.clear_faults()
-    emu.reset_stats()
-    yield emu
-    emu.clear_faults()
-
-
-class Fleet:
-    """Mirror nodes on one bucket prefix (a fresh prefix per test: a fresh, empty shared store)."""
-
-    def __init__(self, s3: s3_server.S3Server, tmp: Path) -> None:
-        self.s3 = s3
-        self.tmp = tmp
-        self.prefix = f"fleet-{uuid.uuid4().hex[:8]}/"
-        self.nodes: list[MirrorProcess] = []
-
-    def node(self, upstream: str, *extra: str, env: dict[str, str] | None = None, s3: bool = True) -> MirrorProcess:
-        return self.start(1, upstream, *extra, env=env, s3=s3)[0]
-
-    def start(self, count: int, upstream: str, *extra: str, env: dict[str, str] | None = None,
-              s3: bool = True) -> list[MirrorProcess]:
-        """``count`` nodes, started in parallel (each takes a second or two to come up)."""
-        storage = ["--storage", "s3", "--s3-endpoint", self.s3.endpoint, "--s3-bucket", self.s3.bucket,
-                   "--s3-prefix", self.prefix] if s3 else []
-        procs = []
-        for _ in range(count):
-            name = f"node{len(self.nodes)}"
-            (self.tmp / name).mkdir(parents=True, exist_ok=True)
-            proc = MirrorProcess(upstream, self.tmp / name / "cache", *storage, *extra,
-                                 env={**self.s3.env, **(env or {})})
-            if s3:  # as deployed: each node tells the others where to stream its fills in progress from
-                proc.env.setdefault("HF_MIRROR_NODE_URL", proc.url)
-            self.nodes.append(proc)
-            procs.append(proc)
-        with concurrent.futures.ThreadPoolExecutor(count) as pool:
-            list(pool.map(MirrorProcess.start, procs))
-        return procs
-
-    def bucket_keys(self) -> set[str]:
-        listing = self.s3.client().list_objects_v2(Bucket=self.s3.bucket, Prefix=self.prefix)
-        return {item["Key"][len(self.prefix):] for item in listing.get("Contents", [])}
-
-    def stop(self) -> None:
-        for proc in self.nodes:
-            proc.stop()
-
-
-@pytest.fixture
-def fleet(s3: s3_server.S3Server, tmp_path: Path) -> Iterator[Fleet]:
-    out = Fleet(s3, tmp_path)
-    try:
-        yield out
-    finally:
-        out.stop()
-
-
-def get(url: str, timeout: float = 60) -> tuple[int, bytes, dict[str, str]]:
-    with httpx.Client(timeout=timeout) as client:
-        response = client.get(url)
-        return response.status_code, response.content, dict(response.headers)
-
-
-def test_two_nodes_one_bucket_one_upstream_fetch(emulator_clean: EmulatorHandle, fleet: Fleet) -> None:
-    emu = emulator_clean
+def test_two_nodes_one_bucket_one_upstream_fetch(emu: EmulatorHandle, fleet: Fleet) -> None:
     a, b = fleet.start(2, emu.url)
     expected = sha256(emu.files.file_bytes(*BIG[:2], "main", BIG[2]))
     # Slow enough (about 2 s) that the 20 requests overlap the fill on both nodes.
@@ -127,8 +47,8 @@ def test_two_nodes_one_bucket_one_upstream_fetch(emulator_clean: EmulatorHandle,
     assert emu.fetch_count(*BIG) == 1, emu.stats()["fetches"]
     etag = emu.files.etag(*BIG[:2], "main", BIG[2])
     # Clients get the last byte once the blob is verified; the upload to the bucket follows.
-    _wait_for(lambda: f"blobs/{etag[:2]}/{etag}" in fleet.bucket_keys(), "the blob in the bucket")
-    _wait_for(lambda: not any(key.startswith("leases/") for key in fleet.bucket_keys()),
+    wait_until(lambda: f"blobs/{etag[:2]}/{etag}" in fleet.bucket_keys(), "the blob in the bucket")
+    wait_until(lambda: not any(key.startswith("leases/") for key in fleet.bucket_keys()),
               "the lease to go (a finished fill leaves none)")
     print(f"20 cold requests over 2 nodes: {elapsed:.2f}s, upstream fetches: {emu.fetch_count(*BIG)}")
 
@@ -150,8 +70,7 @@ def test_two_nodes_one_bucket_one_upstream_fetch(emulator_clean: EmulatorHandle,
     assert fetches[f"model:{MODEL}/model.safetensors"] == 1
 
 
-def test_node_killed_mid_fill_the_other_completes(emulator_clean: EmulatorHandle, fleet: Fleet) -> None:
-    emu = emulator_clean
+def test_node_killed_mid_fill_the_other_completes(emu: EmulatorHandle, fleet: Fleet) -> None:
     ttl = {"HF_MIRROR_LEASE_STALE_SECONDS": "2"}  # a dead node's lease lapses after 2 s
     a, b = fleet.start(2, emu.url, env=ttl)
     data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
@@ -175,10 +94,10 @@ def test_node_killed_mid_fill_the_other_completes(emulator_clean: EmulatorHandle
 
     client_a = threading.Thread(target=read_a)
     client_a.start()
-    _wait_for(lambda: _fill_written(a) > 256 * 1024, "node A to be filling")
+    wait_until(lambda: fill_written(a) > 256 * 1024, "node A to be filling")
     client_b = threading.Thread(target=read_b)
     client_b.start()
-    _wait_for(lambda: _fill_active(b), "node B to follow node A's fill")
+    wait_until(lambda: fill_active(b), "node B to follow node A's fill")
     a.kill9()
     killed_at = time.monotonic()
     emu.clear_faults()
@@ -190,19 +109,18 @@ def test_node_killed_mid_fill_the_other_completes(emulator_clean: EmulatorHandle
     # A's interrupted download and B's takeover after the lease lapsed: nothing more.
     assert emu.fetch_count(*BIG) == 2, emu.stats()["fetches"]
     etag = emu.files.etag(*BIG[:2], "main", BIG[2])
-    _wait_for(lambda: f"blobs/{etag[:2]}/{etag}" in fleet.bucket_keys(), "the blob in the bucket")
+    wait_until(lambda: f"blobs/{etag[:2]}/{etag}" in fleet.bucket_keys(), "the blob in the bucket")
     print(f"takeover: node B completed {time.monotonic() - killed_at:.2f}s after node A was killed")
 
 
-def test_follower_node_streams_the_fill_from_the_leader(emulator_clean: EmulatorHandle, fleet: Fleet) -> None:
+def test_follower_node_streams_the_fill_from_the_leader(emu: EmulatorHandle, fleet: Fleet) -> None:
     """A client on node B gets bytes while node A's fill runs, not only after A commits (peer streaming)."""
-    emu = emulator_clean
     a, b = fleet.start(2, emu.url)
     data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
     emu.set_faults(throttle_bps=2 * 2**20)  # a 4 s fill
     leader = threading.Thread(target=get, args=(a.url + BIG_URL,))
     leader.start()
-    _wait_for(lambda: _fill_written(a) > 256 * 1024, "node A to be filling")
+    wait_until(lambda: fill_written(a) > 256 * 1024, "node A to be filling")
     received = bytearray()
     seen_during_fill = 0
     with httpx.stream("GET", b.url + BIG_URL, timeout=60) as response:
@@ -210,7 +128,7 @@ def test_follower_node_streams_the_fill_from_the_leader(emulator_clean: Emulator
         for chunk in response.iter_raw():
             received += chunk
             if not seen_during_fill and len(received) >= 2**20:
-                seen_during_fill = len(received) if _fill_active(a) else -1
+                seen_during_fill = len(received) if fill_active(a) else -1
     leader.join(30)
     assert bytes(received) == data
     assert seen_during_fill > 0, f"node B's client got its first MiB only after A's commit:\n{b.log()[-3000:]}"
@@ -219,15 +137,14 @@ def test_follower_node_streams_the_fill_from_the_leader(emulator_clean: Emulator
     assert from_peers > 0, f"node B did not stream from node A:\n{b.log()[-3000:]}"
     # B kept the verified copy it streamed as its hot-tier file (once A's upload is in the bucket): a second
     # request is a local hit.
-    _wait_for(lambda: not _fill_active(b), "node B's fill to end with A's commit")
+    wait_until(lambda: not fill_active(b), "node B's fill to end with A's commit")
     status, body, headers = get(b.url + BIG_URL)
     assert status == 200 and body == data and headers.get("x-mirror-cache") == "hit", (status, headers)
     print(f"peer streaming: {from_peers / 2**20:.1f} MiB from node A; B had 1 MiB while A was still filling")
 
 
-def test_peer_stream_from_a_node_with_two_workers(emulator_clean: EmulatorHandle, fleet: Fleet) -> None:
+def test_peer_stream_from_a_node_with_two_workers(emu: EmulatorHandle, fleet: Fleet) -> None:
     """A peer's connection lands on either worker of the filling node: both serve it (one follows the other)."""
-    emu = emulator_clean
     (a,) = fleet.start(1, emu.url, "--workers", "2")
     (b,) = fleet.start(1, emu.url)
     data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
@@ -235,7 +152,7 @@ def test_peer_stream_from_a_node_with_two_workers(emulator_clean: EmulatorHandle
     emu.set_faults(throttle_bps=2 * 2**20)
     leader = threading.Thread(target=get, args=(a.url + BIG_URL,))
     leader.start()
-    _wait_for(lambda: f"leases/{etag}" in fleet.bucket_keys(), "node A to hold the fill lease")
+    wait_until(lambda: f"leases/{etag}" in fleet.bucket_keys(), "node A to hold the fill lease")
     lease = json.loads(fleet.s3.client().get_object(Bucket=fleet.s3.bucket,
                                                     Key=f"{fleet.prefix}leases/{etag}")["Body"].read())
     query = f"repo=dataset:{BIG[1]}&commit={emu.files.commit(*BIG[:2], 'main')}&path={BIG[2]}&size={BIG_SIZE}"
@@ -256,13 +173,12 @@ def test_peer_stream_from_a_node_with_two_workers(emulator_clean: EmulatorHandle
     assert metric(b, "hf_mirror_peer_bytes_total") > 0, b.log()[-3000:]
 
 
-def test_peer_route_needs_the_lease_token(emulator_clean: EmulatorHandle, fleet: Fleet) -> None:
-    emu = emulator_clean
+def test_peer_route_needs_the_lease_token(emu: EmulatorHandle, fleet: Fleet) -> None:
     (a,) = fleet.start(1, emu.url)
     emu.set_faults(throttle_bps=2 * 2**20)
     leader = threading.Thread(target=get, args=(a.url + BIG_URL,))
     leader.start()
-    _wait_for(lambda: _fill_active(a), "node A to be filling")
+    wait_until(lambda: fill_active(a), "node A to be filling")
     etag = emu.files.etag(*BIG[:2], "main", BIG[2])
     for headers in ({}, {"x-mirror-peer-token": "guess"}):
         response = httpx.get(f"{a.url}/_mirror/fills/{etag}", headers=headers, timeout=10)
@@ -279,10 +195,9 @@ def test_peer_route_needs_the_lease_token(emulator_clean: EmulatorHandle, fleet:
     leader.join(30)
 
 
-def test_cache_commands_on_an_s3_node_work_on_the_bucket(emulator_clean: EmulatorHandle, fleet: Fleet) -> None:
+def test_cache_commands_on_an_s3_node_work_on_the_bucket(emu: EmulatorHandle, fleet: Fleet) -> None:
     """``cache du | verify | gc`` with ``storage = "s3"`` count, hash and evict the bucket's blobs, not the node's hot
     tier (which the test empties before each command: the bucket is the cache)."""
-    emu = emulator_clean
     node = fleet.node(emu.url)
     small = ("model", MODEL, "config.json")
     blobs = {file: emu.files.etag(*file[:2], "main", file[2]) for file in (BIG, small)}
@@ -290,7 +205,8 @@ def test_cache_commands_on_an_s3_node_work_on_the_bucket(emulator_clean: Emulato
     for file in (BIG, small):
         url = f"{node.url}/{'datasets/' if file[0] == 'dataset' else ''}{file[1]}/resolve/main/{file[2]}"
         assert get(url)[0] == 200
-    _wait_for(lambda: {f"blobs/{e[:2]}/{e}" for e in blobs.values()} <= fleet.bucket_keys(), "both blobs in the bucket")
+    wait_until(lambda: {f"blobs/{e[:2]}/{e}" for e in blobs.values()} <= fleet.bucket_keys(),
+               "both blobs in the bucket")
     node.stop()
     storage = ("--cache-dir", str(node.cache_dir), "--storage", "s3", "--s3-endpoint", fleet.s3.endpoint,
                "--s3-bucket", fleet.s3.bucket, "--s3-prefix", fleet.prefix)
@@ -330,12 +246,11 @@ def test_cache_commands_on_an_s3_node_work_on_the_bucket(emulator_clean: Emulato
     assert f"blobs/{blobs[small][:2]}/{blobs[small]}" in fleet.bucket_keys()
 
 
-def test_chained_mirror_fetches_each_file_once(emulator_clean: EmulatorHandle, fleet: Fleet,
+def test_chained_mirror_fetches_each_file_once(emu: EmulatorHandle, fleet: Fleet,
                                                tmp_path: Path) -> None:
     """A regional mirror (local disk) whose upstream is a central mirror (the shared bucket), driven by the real
     huggingface_hub client: the central mirror fetches each file from the Hub once, however many clients and
     regional caches ask."""
-    emu = emulator_clean
     central = fleet.node(emu.url)
     regional = fleet.node(central.url, s3=False)
     code = f"""
@@ -386,30 +301,10 @@ print(json.dumps(out))
     assert emu.stats()["fetches"] == expected
 
 
-def _status(node: MirrorProcess) -> dict[str, Any]:
-    return httpx.get(node.url + "/api/mirror/status", timeout=5).json()
-
-
-def _fill_written(node: MirrorProcess) -> int:
-    return max((f["written"] for f in _status(node)["fills"]), default=0)
-
-
-def _fill_active(node: MirrorProcess) -> bool:
-    return bool(_status(node)["fills"])
-
-
-def _wait_for(condition: Any, what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def test_chained_pair_streams_datasets_and_keeps_gated_files_gated(emulator_clean: EmulatorHandle, fleet: Fleet,
+def test_chained_pair_streams_datasets_and_keeps_gated_files_gated(emu: EmulatorHandle, fleet: Fleet,
                                                                      tmp_path: Path) -> None:
     """Through a regional -> central chain, with Xet left on in the client: datasets streaming works, and a gated
     file cached for an entitled caller is refused to callers without the right token at both ends."""
-    emu = emulator_clean
     central = fleet.node(emu.url)
     regional = fleet.node(central.url, s3=False)
     code = """

@@ -16,14 +16,13 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.support.hub_emulator.fixtures import generated_bytes
-from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
+from tests.support.hub_emulator.runner import EmulatorHandle
 from tests.support.mirror_proc import MirrorProcess, blob, download, metric, wait_for
 from tests.support.xet_ranges import CasReader
 
@@ -40,20 +39,7 @@ READ_AHEAD = 4 * MIB
 RANGE = 8 * MIB
 SPARSE = ("--parallel-fill-threshold", "64MiB", "--fill-window", "4MiB", "--sparse-fill-threshold", "64MiB",
           "--sparse-read-ahead", "4MiB")
-
-
-@pytest.fixture(scope="module")
-def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorHandle]:
-    with run_emulator(tmp_path_factory.mktemp("emu"), big_file_size=BIG_SIZE, huge_file_size=SIZE) as handle:
-        yield handle
-
-
-@pytest.fixture(autouse=True)
-def clean_emulator(emu: EmulatorHandle) -> Iterator[None]:
-    emu.clear_faults()
-    emu.reset_stats()
-    yield
-    emu.clear_faults()
+EMULATOR_FILES = {"big_file_size": BIG_SIZE, "huge_file_size": SIZE}  # for ``emu`` (tests/e2e/conftest.py)
 
 
 def huge_sha(emu: EmulatorHandle) -> str:

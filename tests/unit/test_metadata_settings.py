@@ -34,6 +34,27 @@ def test_metadata_url_must_name_postgresql(settings_env: pytest.MonkeyPatch) -> 
     assert "metadata_url" in str(caught.value) and "hunter2" not in str(caught.value)
 
 
+def test_metadata_connect_timeout_from_every_source_and_down_to_the_store(settings_env: pytest.MonkeyPatch,
+                                                                           tmp_path: Path) -> None:
+    assert from_cli().metadata_connect_timeout == 10.0
+    assert from_cli("--metadata-connect-timeout", "2.5").metadata_connect_timeout == 2.5
+    config = write_toml(tmp_path, "metadata_connect_timeout = 4\n")
+    assert from_cli("--config", str(config)).metadata_connect_timeout == 4.0
+    settings_env.setenv("HF_MIRROR_METADATA_CONNECT_TIMEOUT", "3")
+    assert from_cli().metadata_connect_timeout == 3.0
+    for bad in ("0", "-1"):
+        with pytest.raises(ConfigError) as caught:
+            from_cli("--metadata-connect-timeout", bad)
+        assert "metadata_connect_timeout" in str(caught.value)
+    pytest.importorskip("psycopg")
+    settings = from_cli("--cache-dir", str(tmp_path / "cache"), "--metadata-url", DSN)
+    parts = build_parts(settings)  # nothing connects before the store is opened
+    try:
+        assert parts.metadata.connect_timeout == 3.0  # type: ignore[union-attr]  # the PostgreSQL store's
+    finally:
+        parts.index.close()
+
+
 def test_without_a_database_a_node_is_built_as_before(settings_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     pytest.importorskip("aiobotocore")
     settings = from_cli("--cache-dir", str(tmp_path / "cache"), "--storage", "s3", "--s3-bucket", "b")
