@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from tests.e2e.test_fleet_database import start_fleet
-from tests.e2e.test_scale_out import Fleet
 from tests.support import postgres_server, s3_server
+from tests.support.fleet import Fleet
 from tests.support.hub_emulator.fixtures import generated_bytes
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.support.mirror_proc import metric, wait_for
