@@ -8,8 +8,10 @@ pip and reused after: each is checked to hold exactly the pinned versions, and (
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.support.mirror_proc import REPO_ROOT
 
@@ -26,6 +28,15 @@ DATASETS_PINS = {"4.5.0": {"huggingface_hub": "1.33.0", "pyarrow": "26.0.1"}}
 def client_venv(name: str, pins: dict[str, str]) -> str:
     """The python of ``.venvs/{name}``, holding exactly ``pins`` ({distribution: version}); made or repaired here."""
     root = REPO_ROOT / ".venvs" / name
+    root.parent.mkdir(exist_ok=True)
+    # The suite runs on several processes (pytest -n): two test files may want the same venv at once, and a venv
+    # made twice over itself is broken. One lock file per venv: the second waits, then finds it made.
+    with open(root.parent / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _made(root, pins)
+
+
+def _made(root: Path, pins: dict[str, str]) -> str:
     python = root / "bin" / "python"
     check = [str(python), "-c", "import importlib.metadata as m, sys; pins = dict(a.split('==') for a in sys.argv[1:]);"
              " bad = {d: m.version(d) for d in pins if m.version(d) != pins[d]}; assert not bad, bad",
