@@ -67,6 +67,7 @@ class FillManager:
         self.busy = busy
         # The fleet's record of the windows paused sparse fills left, by node (a fleet database and --node-url).
         self.held = held
+        self._background: set[asyncio.Task[None]] = set()  # the records' removals under way (referenced till done)
 
     @property
     def active(self) -> list[Fill]:
@@ -246,6 +247,8 @@ class FillManager:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=5)
+        if self._background:
+            await asyncio.wait(self._background, timeout=5)
         self.threads.shutdown()
 
     # --- readers ---------------------------------------------------------------------------------------------------
@@ -322,7 +325,10 @@ class FillManager:
                 await self._follower.follow(fill, copy)
             self.metrics.fills.labels(result="ok").inc()
             if self.held is not None and self._ranged(spec.size, (1, 1)):  # a file that may have been held sparse
-                await self.held.committed(spec.etag)
+                # Every node's record of its windows goes, in the background: the fill's readers are done.
+                forget = asyncio.create_task(self.held.committed(spec.etag), name=f"held:{spec.etag[:12]}")
+                self._background.add(forget)
+                forget.add_done_callback(self._background.discard)
             for callback in self.on_commit:
                 callback(spec)
         except FillPaused as exc:
