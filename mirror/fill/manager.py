@@ -120,7 +120,9 @@ class FillManager:
         """The node of the fleet that fills ``spec`` now, when bytes ``start..end`` are a Range that would make a
         sparse fill here, none runs here and this node's partial file does not hold them all: the Range is relayed
         from that node (its held windows, or the windows it fetches for it), so each byte comes from upstream once
-        across the fleet and this node keeps nothing it would fetch again. ``None``: fill here as usual."""
+        across the fleet and this node keeps nothing it would fetch again. With no fill anywhere, the node whose paused
+        sparse fill left windows that hold the whole Range (the fleet's record, :mod:`mirror.metadata.held`) answers it
+        from its partial file. ``None``: fill here as usual."""
         if self.node_url is None or spec.etag in self._fills or not self._ranged(spec.size, (start, end)):
             return None
         if covers(await asyncio.to_thread(held_windows, self.store.partial_path(spec.etag)), start, end):
