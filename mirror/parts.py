@@ -22,6 +22,7 @@ from mirror.layout import CacheLayout
 from mirror.metadata import MetadataStore, open_metadata
 from mirror.metadata.busy import BusyMarks
 from mirror.metadata.fleet_leases import FleetLeases
+from mirror.metadata.held import HeldWindows
 from mirror.metadata.sharing import SharedMetadata
 from mirror.metrics import Metrics
 from mirror.service import MirrorService, ServiceCore
@@ -111,10 +112,15 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     lease_ttl = settings.fleet_lease_seconds if leases is not None else settings.lease_stale_seconds
     # The fleet's evictions (a database): what this process reads or fills is busy for every node.
     busy = BusyMarks(metadata, settings.fleet_lease_seconds) if settings.metadata_url else None
+    # The windows of paused sparse fills, recorded for the fleet's other nodes to ask for (a database, a bucket and
+    # an address the others can reach).
+    held = (HeldWindows(metadata, settings.node_url)
+            if settings.metadata_url and settings.storage == "s3" and settings.node_url else None)
     upstream = upstream if upstream is not None else UpstreamClient(settings, metrics)
     fills = fill_manager(
         store, upstream, metrics, chunk_size=settings.fill_chunk_size, lease_ttl=lease_ttl,
         cancel_on_disconnect=settings.fill_on_disconnect == "cancel", node_url=settings.node_url, busy=busy,
+        held=held,
     )
     # The fleet's database behind this node's index (metadata_url): refs, files, access confirmations, pins, API
     # answers and listings, Xet hashes.
@@ -124,7 +130,7 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
     cache = CacheManager(store, index, metrics, max_size=settings.max_size, is_busy=is_busy,
                          layout=layout, min_free_space=settings.min_free_space or 0,
                          evicts_for_disk=settings.storage == "local", metadata=metadata if shared else None,
-                         busy=busy)
+                         busy=busy, held=held)
     fills.make_room = cache.make_room  # completing a sparse file reserves the rest of it, as a new fill does
     if busy is not None:
         metadata.on_evicted(cache.dropped)  # another node's eviction: this node's hot copy goes too

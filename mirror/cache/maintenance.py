@@ -109,6 +109,8 @@ class Maintenance:
             # A sparse file's windows are the quota's to evict (least recently used, like blobs), not a week's.
             if await self.store.stat(etag) is not None or now - _last_use(entry.path) > _PARTIAL_MAX_AGE:
                 if await self.store.read_lease(etag) is None:
+                    if self.held is not None:
+                        await self.held.forget(etag)  # its windows, if the fleet was told of them
                     drop_partial(Path(entry.path))
                     removed += 1
         return removed

@@ -26,6 +26,7 @@ from mirror.layout import CacheLayout
 from mirror.metadata import MetadataStore
 from mirror.metadata.base import EVICTION_DELETE_WINDOW
 from mirror.metadata.busy import BusyMarks
+from mirror.metadata.held import HeldWindows
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobInfo, BlobStore
 
@@ -48,7 +49,7 @@ class CacheManager(UsageReports, Maintenance):
     def __init__(self, store: BlobStore, index: MetadataIndex, metrics: Metrics, *, max_size: int | None,
                  is_busy: Callable[[str], bool], layout: CacheLayout, min_free_space: int = 0,
                  evicts_for_disk: bool = True, metadata: MetadataStore | None = None,
-                 busy: BusyMarks | None = None) -> None:
+                 busy: BusyMarks | None = None, held: HeldWindows | None = None) -> None:
         self.store = store
         self.layout = layout  # where this node's partial files are (swept at startup, counted by ``cache du``)
         self.root = layout.root  # the disk fills write to
@@ -73,6 +74,8 @@ class CacheManager(UsageReports, Maintenance):
         self.metadata = metadata
         # This process's busy marks (with the database): evictions are then decided for the fleet, as this node.
         self.busy = busy
+        # The fleet's record of the windows this node holds (a database and --node-url): evicted windows leave it.
+        self.held = held
 
     async def _fleet_pinned_blobs(self) -> set[str] | None:
         """The blobs of repos pinned anywhere in the fleet (empty without a database); None when it cannot say."""
@@ -98,6 +101,8 @@ class CacheManager(UsageReports, Maintenance):
         if self.is_busy(item.etag) or not await self.store.acquire_lease(item.etag, _EVICTOR, _EVICT_LEASE_SECONDS):
             return False
         try:
+            if self.held is not None:
+                await self.held.forget(item.etag)  # first: no node is sent here for windows about to go
             drop_partial(item.partial)  # three unlinks, on the loop: no fill of this process starts in between
         finally:
             await self.store.release_lease(item.etag, _EVICTOR)

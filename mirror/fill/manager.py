@@ -26,13 +26,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from mirror.errors import FillPaused, LeaseLost, MirrorError, NoDiskRoom, UpstreamUnavailable
-from mirror.fill.copy import covers, held_windows, touch_windows
+from mirror.fill.copy import covers, held_windows, read_windows, touch_windows
 from mirror.fill.download import download
 from mirror.fill.peer import Follower, PeerCopy
 from mirror.fill.state import Fill, FillSpec
 from mirror.fill.threads import FillThreads
 from mirror.fill.windows import in_windows
 from mirror.metadata.busy import BusyMarks
+from mirror.metadata.held import HeldWindows
 from mirror.metrics import Metrics
 from mirror.storage.base import BlobStore, PeerAddress
 from mirror.upstream import UpstreamClient
@@ -45,7 +46,7 @@ _EVICTION_POLL = 0.2  # seconds between looks at a blob whose eviction is under 
 class FillManager:
     def __init__(self, store: BlobStore, upstream: UpstreamClient, metrics: Metrics, *, chunk_size: int,
                  lease_ttl: float, cancel_on_disconnect: bool, node_url: str | None = None,
-                 busy: BusyMarks | None = None) -> None:
+                 busy: BusyMarks | None = None, held: HeldWindows | None = None) -> None:
         self.store = store
         self.upstream = upstream
         self.metrics = metrics
@@ -64,6 +65,9 @@ class FillManager:
         self.make_room: Callable[[int, int], Awaitable[bool]] | None = None
         # The fleet's busy marks (a fleet database): a blob this process fills is never evicted by any node.
         self.busy = busy
+        # The fleet's record of the windows paused sparse fills left, by node (a fleet database and --node-url).
+        self.held = held
+        self._background: set[asyncio.Task[None]] = set()  # the records' removals under way (referenced till done)
 
     @property
     def active(self) -> list[Fill]:
@@ -116,7 +120,9 @@ class FillManager:
         """The node of the fleet that fills ``spec`` now, when bytes ``start..end`` are a Range that would make a
         sparse fill here, none runs here and this node's partial file does not hold them all: the Range is relayed
         from that node (its held windows, or the windows it fetches for it), so each byte comes from upstream once
-        across the fleet and this node keeps nothing it would fetch again. ``None``: fill here as usual."""
+        across the fleet and this node keeps nothing it would fetch again. With no fill anywhere, the node whose paused
+        sparse fill left windows that hold the whole Range (the fleet's record, :mod:`mirror.metadata.held`) answers it
+        from its partial file. ``None``: fill here as usual."""
         if self.node_url is None or spec.etag in self._fills or not self._ranged(spec.size, (start, end)):
             return None
         if covers(await asyncio.to_thread(held_windows, self.store.partial_path(spec.etag)), start, end):
@@ -125,9 +131,43 @@ class FillManager:
             lease = await self.store.read_lease(spec.etag)
         except MirrorError:  # the lease store is down: the fill decides, and reports it, as it always did
             return None
-        if lease is None or lease.peer is None or lease.peer.url == self.node_url or lease.expires <= time.time():
-            return None
-        return lease.peer
+        if lease is not None and lease.peer is not None and lease.peer.url != self.node_url \
+                and lease.expires > time.time():
+            return lease.peer
+        if lease is None and self.held is not None:
+            # No fill anywhere: a node whose paused sparse fill left windows that hold the whole Range answers it
+            # from its partial file (FillManager.reading_held there).
+            for record in await self.held.others(spec.etag):
+                if covers(list(record.held), start, end):
+                    return record.peer
+        return None
+
+    @contextlib.asynccontextmanager
+    async def reading_held(self, etag: str, token: str, start: int, end: int) -> AsyncIterator[int | None]:
+        """An fd on this node's sparse partial file of ``etag`` when ``token`` is the one this node's record of its
+        held windows carries (:mod:`mirror.metadata.held`) and they hold every byte of ``start..end``; else
+        ``None``. Nothing is fetched: the peer asking fills a Range refused here itself."""
+        if self.held is None or not await self.held.opens(etag, token):
+            yield None
+            return
+        partial = self.store.partial_path(etag)
+        fd = await asyncio.to_thread(_open_held, partial, start, end)
+        if fd is None and not await asyncio.to_thread(held_windows, partial):
+            await self.held.forget(etag)  # the windows went without their record (a crash between the two)
+        if fd is None:
+            yield None
+            return
+        try:
+            touch_windows(partial)  # read: the quota's LRU keeps them longer
+            yield fd
+        finally:
+            os.close(fd)
+
+    async def peer_refused(self, etag: str, peer: PeerAddress) -> None:
+        """``peer`` did not answer a Range relayed from it: if it was named by its held windows' record, that record
+        is forgotten (the node no longer honours it; a lease's token names no record)."""
+        if self.held is not None:
+            await self.held.refused(etag, peer)
 
     async def start(self, spec: FillSpec, reading: tuple[int, int] | None = None) -> Fill | None:
         """Join or start the fill of ``spec.etag``; ``None`` when the blob is already on this node's disk.
@@ -209,6 +249,8 @@ class FillManager:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=5)
+        if self._background:
+            await asyncio.wait(self._background, timeout=5)
         self.threads.shutdown()
 
     # --- readers ---------------------------------------------------------------------------------------------------
@@ -270,6 +312,9 @@ class FillManager:
                     fill.leading = True
                     try:
                         done = await self._download_while_leased(fill)
+                    except FillPaused:
+                        await self._publish_held(fill)  # before the lease goes: the fleet sees one or the other
+                        raise
                     finally:
                         await self.store.release_lease(spec.etag, self.owner)
                     if done:
@@ -281,6 +326,11 @@ class FillManager:
                 fill.windowed = False  # another process or node fills it: its contiguous prefix is what we see
                 await self._follower.follow(fill, copy)
             self.metrics.fills.labels(result="ok").inc()
+            if self.held is not None and self._ranged(spec.size, (1, 1)):  # a file that may have been held sparse
+                # Every node's record of its windows goes, in the background: the fill's readers are done.
+                forget = asyncio.create_task(self.held.committed(spec.etag), name=f"held:{spec.etag[:12]}")
+                self._background.add(forget)
+                forget.add_done_callback(self._background.discard)
             for callback in self.on_commit:
                 callback(spec)
         except FillPaused as exc:
@@ -300,6 +350,14 @@ class FillManager:
             self._fills.pop(spec.etag, None)
             if self.busy is not None:
                 self.busy.end(spec.etag)
+
+    async def _publish_held(self, fill: Fill) -> None:
+        """A sparse fill pauses: the windows its partial file holds are recorded for the fleet's other nodes."""
+        if self.held is None or not fill.sparse:
+            return
+        held = await asyncio.to_thread(held_windows, fill.partial)
+        if held:
+            await self.held.publish(fill.spec.etag, held)
 
     async def _in_store(self, etag: str) -> bool:
         """The blob is committed in the store, ours to copy. With the fleet's busy marks, the fleet sees our mark
@@ -344,3 +402,16 @@ class FillManager:
         """Download ``fill`` from upstream (this process holds its lease) and commit it."""
         await download(fill, self.store, self.upstream, self.metrics, self.threads, self.chunk_size,
                        room=self._room if self.make_room is not None else None)
+
+
+def _open_held(partial: Path, start: int, end: int) -> int | None:
+    """An fd on ``partial`` when its windows map (read against that fd: the same file) holds ``start..end``."""
+    try:
+        fd = os.open(partial, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    found = read_windows(partial, fd)
+    if found is None or not covers([(a, b) for a, b in found[1] if b > a], start, end):
+        os.close(fd)
+        return None
+    return fd

@@ -24,6 +24,10 @@ pinned anywhere, busy on any node, leased for a fill or being evicted by another
 as under way; a node about to copy a blob from the shared store publishes its mark first and learns from that same
 publication whether an eviction of it is under way. Once the blobs are deleted, :meth:`finish_eviction` tells every
 node (:meth:`on_evicted`) to drop its own copies (a hot tier).
+
+*Held windows* name the nodes whose sparse partial file holds windows of a blob that no fill leases now (a sparse
+fill that paused, :mod:`mirror.metadata.held`): another node asks that node for a Range they cover, with the token
+the record carries, instead of asking upstream again.
 """
 
 from __future__ import annotations
@@ -89,6 +93,16 @@ class HeldLease:
     etag: str
     owner: str
     epoch: int
+
+
+@dataclass(frozen=True)
+class WindowsRecord:
+    """The node at ``peer.url`` holds the spans ``held`` (``[start, done)``) of blob ``etag`` in its sparse partial
+    file; its peer route serves a Range of them to whoever sends ``peer.token``."""
+
+    etag: str
+    peer: PeerAddress
+    held: tuple[tuple[int, int], ...]
 
 
 @runtime_checkable
@@ -228,6 +242,21 @@ class MetadataStore(Protocol):
         """``async with store.changed(etag) as change:`` then read the state, then ``await change.wait(timeout)``:
         returns at the next grant, release or commit of ``etag``'s lease (anywhere, for a shared store), or after
         ``timeout`` seconds. Subscribing before reading means no change between the read and the wait is missed."""
+        ...
+
+    # --- held windows: the sparse partial files of paused fills, by node (mirror.metadata.held) ---------------------
+
+    async def put_windows(self, etag: str, peer: PeerAddress, held: Sequence[tuple[int, int]]) -> None:
+        """The node at ``peer.url`` holds ``held`` of ``etag`` now, read with ``peer.token`` (its record replaced)."""
+        ...
+
+    async def get_windows(self, etag: str) -> list[WindowsRecord]:
+        """Every node's record of ``etag``'s windows."""
+        ...
+
+    async def drop_windows(self, etag: str, url: str | None = None, token: str | None = None) -> None:
+        """Forget the node at ``url``'s record of ``etag`` (only if it still carries ``token``, when given); every
+        node's when ``url`` is None (the blob is committed: nobody needs windows of it)."""
         ...
 
     # --- busy marks, read times and evictions (the fleet's quota) ---------------------------------------------------

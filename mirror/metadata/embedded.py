@@ -27,7 +27,15 @@ from mirror.errors import LeaseLost
 from mirror.hf import RepoRef
 from mirror.index import ApiEntry, FileEntry, MetadataIndex
 from mirror.metadata.announce import Announcements, Subscription
-from mirror.metadata.base import EVICTION_GRACE, AnswerRecord, HeldLease, LeaseRecord, RefRecord, XetRecord
+from mirror.metadata.base import (
+    EVICTION_GRACE,
+    AnswerRecord,
+    HeldLease,
+    LeaseRecord,
+    RefRecord,
+    WindowsRecord,
+    XetRecord,
+)
 from mirror.storage.base import BlobInfo, PeerAddress
 
 log = logging.getLogger("hf_mirror.metadata")
@@ -227,6 +235,30 @@ class EmbeddedMetadata:
     def changed(self, etag: str) -> contextlib.AbstractAsyncContextManager[Subscription]:
         return self._announcements.changed(etag)
 
+    # --- held windows: rows ("windows", etag) -> {node url: (token, held)} (one node: only its own record) ----------
+
+    async def put_windows(self, etag: str, peer: PeerAddress, held: Sequence[tuple[int, int]]) -> None:
+        table = self._table()
+        with table.transact():
+            records = dict(table.get(("windows", etag)) or {})
+            records[peer.url] = (peer.token, tuple((int(a), int(b)) for a, b in held))
+            table.set(("windows", etag), records)
+
+    async def get_windows(self, etag: str) -> list[WindowsRecord]:
+        records = self._table().get(("windows", etag)) or {}
+        return [WindowsRecord(etag, PeerAddress(url, token), held) for url, (token, held) in records.items()]
+
+    async def drop_windows(self, etag: str, url: str | None = None, token: str | None = None) -> None:
+        table = self._table()
+        with table.transact():
+            records = dict(table.get(("windows", etag)) or {})
+            for node in [url] if url is not None else list(records):
+                if node in records and (token is None or records[node][0] == token):
+                    del records[node]
+            if records:
+                table.set(("windows", etag), records)
+            else:
+                table.delete(("windows", etag))
 
     # --- busy marks, read times, evictions: rows ("busy",), ("read", etag), ("eviction", etag) ----------------------
 

@@ -47,7 +47,15 @@ from mirror.errors import LeaseLost, MetadataUnavailable, redact_url
 from mirror.hf import RepoRef
 from mirror.index import ApiEntry, FileEntry
 from mirror.metadata.announce import Announcements, Subscription
-from mirror.metadata.base import EVICTION_GRACE, AnswerRecord, HeldLease, LeaseRecord, RefRecord, XetRecord
+from mirror.metadata.base import (
+    EVICTION_GRACE,
+    AnswerRecord,
+    HeldLease,
+    LeaseRecord,
+    RefRecord,
+    WindowsRecord,
+    XetRecord,
+)
 from mirror.storage.base import BlobInfo, PeerAddress
 
 log = logging.getLogger("hf_mirror.metadata")
@@ -166,6 +174,16 @@ MIGRATIONS: tuple[str, ...] = (
         kept_until  timestamptz NOT NULL
     );
     CREATE UNIQUE INDEX hf_mirror_warm_jobs_claim ON hf_mirror_warm_jobs (identity) WHERE active;
+    """,
+    """
+    CREATE TABLE hf_mirror_windows (
+        etag         text NOT NULL,
+        node_url     text NOT NULL,         -- the node whose sparse partial file holds them (its --node-url)
+        token        text NOT NULL,         -- what its peer route asks of a read of them
+        held         jsonb NOT NULL,        -- [[start, done], ...] when recorded
+        recorded_at  timestamptz NOT NULL,
+        PRIMARY KEY (etag, node_url)
+    );
     """,
 )
 
@@ -629,6 +647,33 @@ class PostgresMetadata:
 
     def changed(self, etag: str) -> contextlib.AbstractAsyncContextManager[Subscription]:
         return self._announcements.changed(etag)
+
+    # --- held windows -----------------------------------------------------------------------------------------------
+
+    @database_errors
+    async def put_windows(self, etag: str, peer: PeerAddress, held: Sequence[tuple[int, int]]) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO hf_mirror_windows (etag, node_url, token, held, recorded_at) "
+                "VALUES (%s, %s, %s, %s, now()) ON CONFLICT (etag, node_url) DO UPDATE SET "
+                "token = EXCLUDED.token, held = EXCLUDED.held, recorded_at = EXCLUDED.recorded_at",
+                (etag, peer.url, peer.token, Jsonb([[int(a), int(b)] for a, b in held])))
+
+    @database_errors
+    async def get_windows(self, etag: str) -> list[WindowsRecord]:
+        async with self._reading() as conn:
+            rows = await (await conn.execute(
+                "SELECT node_url, token, held FROM hf_mirror_windows WHERE etag = %s ORDER BY recorded_at DESC",
+                (etag,))).fetchall()
+        return [WindowsRecord(etag, PeerAddress(str(url), str(token)), tuple((int(a), int(b)) for a, b in held))
+                for url, token, held in rows]
+
+    @database_errors
+    async def drop_windows(self, etag: str, url: str | None = None, token: str | None = None) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(
+                "DELETE FROM hf_mirror_windows WHERE etag = %s AND (%s::text IS NULL OR node_url = %s) "
+                "AND (%s::text IS NULL OR token = %s)", (etag, url, url, token, token))
 
     # --- busy marks, read times, evictions --------------------------------------------------------------------------
 

@@ -11,6 +11,10 @@ follows its sibling's partial file and serves the peer all the same.
 A node that is asked a Range of a file another node fills (a sparse fill there: the windows of ranged reads) relays
 the Range from here instead of fetching it upstream again: a bounded ``Range`` is answered from the windows this
 node holds, and the ones it lacks are fetched here once (:meth:`~mirror.fill.FillManager.peer_for_range`).
+
+Once that sparse fill paused (its lease given back), the windows it left are recorded in the fleet's database with a
+token of their own (:mod:`mirror.metadata.held`): a bounded Range they hold wholly is answered from the partial file
+to that token (no upstream fetch here); anything else is the same 404 as any unknown fill.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from mirror.errors import EntryNotFound, MethodNotAllowed, MirrorError
 from mirror.fill import Fill, FillManager, FillSpec
 from mirror.metrics import Metrics, Outcome
 from mirror.routes.common import header, parse_range, query_pairs, send_error
-from mirror.routes.sendfile import send_fill_range, watch_disconnect
+from mirror.routes.sendfile import send_fd_range, send_fill_range, watch_disconnect
 
 log = logging.getLogger("hf_mirror.peer")
 
@@ -50,6 +54,9 @@ class PeerFillHandler:
             elif fill is None and token:
                 fill = await self._join(scope, etag, token)
             if fill is None or not token or not await self.fills.opens_to_peer(fill, token):
+                if token and _ETAG.fullmatch(etag):
+                    # No fill of it that this token opens: the windows a paused sparse fill left, as recorded.
+                    return await self._send_held(scope, receive, send, etag, token)
                 raise EntryNotFound(None, "No fill of this blob is in progress on this node")
             size = fill.spec.size
             range_header = header(scope, b"range")
@@ -82,6 +89,45 @@ class PeerFillHandler:
             return Outcome.ABORTED
         finally:
             watcher.cancel()
+        return Outcome.PEER
+
+    async def _send_held(self, scope: Scope, receive: Receive, send: Send, etag: str, token: str) -> Outcome:
+        """A bounded Range of the windows this node's sparse partial file holds, for the token its record of them
+        carries (:meth:`~mirror.fill.FillManager.reading_held`): from the file only, never from upstream. Anything
+        else is the 404 of any unknown fill (the asking node fills the Range itself)."""
+        range_header = header(scope, b"range") or ""
+        try:
+            size = int(dict(query_pairs(scope)).get("size", ""))
+        except ValueError:
+            size = -1
+        try:
+            byte_range = parse_range(range_header, size) if size > 0 and not range_header.rstrip().endswith("-") \
+                else None
+        except MirrorError:
+            byte_range = None
+        if byte_range is None:
+            await send_error(send, EntryNotFound(None, "No fill of this blob is in progress on this node"))
+            return Outcome.ERROR
+        start, end = byte_range
+        async with self.fills.reading_held(etag, token, start, end) as fd:
+            if fd is None:
+                await send_error(send, EntryNotFound(None, "No fill of this blob is in progress on this node"))
+                return Outcome.ERROR
+            await send({"type": "http.response.start", "status": 206, "headers": [
+                (b"content-type", b"application/octet-stream"), (b"etag", f'"{etag}"'.encode()),
+                (b"content-length", str(end - start + 1).encode()),
+                (b"content-range", f"bytes {start}-{end}/{size}".encode())]})
+            disconnected = asyncio.Event()
+            watcher = asyncio.create_task(watch_disconnect(receive, disconnected))
+            try:
+                sent = await send_fd_range(send, fd, start, end - start + 1, self.chunk_size, disconnected,
+                                           raw_send=scope.get("hf_mirror.raw_send"))
+                self.metrics.bytes_served.labels(source="peer").inc(sent)
+            except Exception as exc:  # noqa: BLE001 - cut the connection: the peer falls back
+                log.info("peer read of the held windows of %s ended early: %s", etag, exc)
+                return Outcome.ABORTED
+            finally:
+                watcher.cancel()
         return Outcome.PEER
 
     async def _join(self, scope: Scope, etag: str, token: str) -> Fill | None:

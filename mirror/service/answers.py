@@ -44,8 +44,9 @@ class Filling:
 class Relay:
     """The bytes ``start..end`` come from upstream, relayed without being stored
     (:meth:`~mirror.service.files.FileService.relay_file`): there is no disk room for the blob (a passthrough), or the
-    Range lies far beyond what its fill has (a miss). ``peer``: another node of the fleet fills the file; the Range
-    is relayed from its fill (its held windows), upstream only if that node no longer answers."""
+    Range lies far beyond what its fill has (a miss). ``peer``: another node of the fleet fills the file, or holds the
+    Range as the windows of a paused sparse fill; the Range is relayed from that node, upstream only if that node no
+    longer answers."""
 
     resolved: ResolvedFile
     token: str | None

@@ -251,8 +251,8 @@ class FileService:
                         token=self.fill_token(resolved, caller),
                         cdn_url=resolved.cdn_url, detached=detached)
         if not whole:
-            # A Range another node of the fleet is filling (a sparse fill there, say): relayed from its fill, never
-            # fetched from upstream a second time nor stored here.
+            # A Range another node of the fleet is filling (a sparse fill there, say), or holds as the windows of a
+            # paused sparse fill: relayed from that node, never fetched from upstream a second time nor stored here.
             peer = await self.fills.peer_for_range(spec, start, end)
             if peer is not None:
                 return Relay(resolved, caller.token, start, end, _STALE if stale else _MISS, peer=peer)
@@ -344,6 +344,7 @@ class FileService:
                 except MirrorError as exc:
                     log.info("peer %s did not open bytes %d-%d of %s: relayed from upstream (%s)", relay.peer.url,
                              relay.start, relay.end, entry.path, exc)
+                    await self.fills.peer_refused(entry.etag, relay.peer)  # a record of its windows: not asked again
                 else:
                     yield self._peer_chunks(peer_body, relay.end + 1 - relay.start, chunk_size)
                     return

@@ -397,3 +397,27 @@ async def test_one_live_job_per_warm_across_the_fleet(stores: Stores) -> None:
         return await b.claim_job(other, "job-f", {"id": "job-f"}, 30) is None
 
     await eventually(lapsed)
+
+
+# --- held windows ----------------------------------------------------------------------------------------------------
+
+async def test_held_windows_are_recorded_per_node_and_dropped(stores: Stores) -> None:
+    a, b = await stores.node(), await stores.node()
+    blob = etag()
+    assert await b.get_windows(blob) == []
+    await a.put_windows(blob, PeerAddress("http://node-a", "t1"), [(0, 10), (20, 30)])
+    await b.put_windows(blob, PeerAddress("http://node-c", "t3"), [(0, 5)])
+    records = {r.peer.url: r for r in await b.get_windows(blob)}
+    assert records["http://node-a"].peer.token == "t1" and records["http://node-a"].held == ((0, 10), (20, 30))
+    assert records["http://node-c"].held == ((0, 5),) and records["http://node-c"].etag == blob
+    await a.put_windows(blob, PeerAddress("http://node-a", "t2"), [(0, 40)])  # paused again: replaced
+    await b.drop_windows(blob, "http://node-a", "t1")  # a refusal under an old token: the new record stays
+    assert {(r.peer.url, r.peer.token, r.held) for r in await b.get_windows(blob)} == {
+        ("http://node-a", "t2", ((0, 40),)), ("http://node-c", "t3", ((0, 5),))}
+    await b.drop_windows(blob, "http://node-a")  # evicted there
+    assert [r.peer.url for r in await a.get_windows(blob)] == ["http://node-c"]
+    await a.put_windows(blob, PeerAddress("http://node-a", "t4"), [(0, 40)])
+    other = etag()
+    await a.put_windows(other, PeerAddress("http://node-a", "t5"), [(0, 1)])
+    await b.drop_windows(blob)  # committed: every node's record of it goes, no other blob's
+    assert await a.get_windows(blob) == [] and len(await a.get_windows(other)) == 1

@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.test_fleet_database import start_fleet
 from tests.support import postgres_server, s3_server
-from tests.support.fleet import Fleet
+from tests.support.fleet import Fleet, wait_until
 from tests.support.hub_emulator.fixtures import generated_bytes
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.support.mirror_proc import metric, wait_for
@@ -117,3 +117,52 @@ def test_a_range_another_node_holds_as_windows_is_relayed_from_it(emu: EmulatorH
     read(node_a.url, *second)  # a hit on A
     read(node_b.url, *second)  # relayed again from A
     assert emu.stats()["bytes_served"] == fetched and set(cdn_spans(emu)) == expected
+
+
+def windows_rows(database: str) -> list[tuple[str, str, str, list[list[int]]]]:
+    """The database's records of held windows: (etag, node url, token, spans)."""
+    import psycopg
+
+    with psycopg.connect(database, autocommit=True) as conn:
+        return [tuple(row) for row in conn.execute(  # type: ignore[misc]
+            "SELECT etag, node_url, token, held FROM hf_mirror_windows ORDER BY node_url").fetchall()]
+
+
+def test_the_windows_a_paused_sparse_fill_left_are_read_from_its_node(emu: EmulatorHandle, nodes: Fleet,
+                                                                        database: str) -> None:
+    emu.reset_stats()
+    # A sparse fill pauses one second after its last reader: its lease goes, the record of its windows stays.
+    node_a, node_b = start_fleet(nodes, emu, database, count=2, env={**SPARSE_ENV, "HF_MIRROR_SPARSE_LINGER": "1"})
+    first = (41 * MIB + 123, 41 * MIB + 122 + RANGE)
+    read(node_a.url, *first)
+    expected = windows_of(*first)
+    settled(emu, expected)
+    wait_until(lambda: [row[1] for row in windows_rows(database)] == [node_a.url], "node A's windows recorded")
+    assert metric(node_a, "hf_mirror_fills_total", result="paused") == 1
+    [(etag, _, token, held)] = windows_rows(database)
+    assert {(a, b) for a, b in held} == expected
+    fetched = emu.stats()["bytes_served"]
+
+    # Nobody reads those windows without the record's token (the peer route is not a way around the access checks).
+    peer_url = f"{node_a.url}/_mirror/fills/{etag}?repo=dataset:acme/huge-data&commit={'0' * 40}&path=huge.bin" \
+               f"&size={SIZE}"
+    ranged = {"Range": f"bytes={first[0]}-{first[1]}"}
+    for headers in (ranged, {**ranged, "X-Mirror-Peer-Token": "guess"}):
+        assert httpx.get(peer_url, headers=headers, timeout=30).status_code == 404
+
+    # Node B's same Range: read from node A's partial file, not one byte more from upstream, nothing kept on B.
+    response = read(node_b.url, *first)
+    assert response.headers["x-mirror-cache"] == "miss"
+    assert emu.stats()["bytes_served"] == fetched and set(cdn_spans(emu)) == expected
+    assert metric(node_b, "hf_mirror_peer_bytes_total") == RANGE
+    assert not list((nodes.tmp / "node1" / "cache" / "partials").glob("*.part"))
+    assert metric(node_a, "hf_mirror_fills_total", result="paused") == 1  # no fill resumed on A for it
+
+    # A Range node A's windows do not hold: node B fills it itself (its own windows, from upstream, once).
+    second = (100 * MIB, 100 * MIB + RANGE - 1)
+    read(node_b.url, *second)
+    expected |= windows_of(*second)
+    settled(emu, expected)
+    assert emu.stats()["bytes_served"] == sum(b - a for a, b in expected)
+    assert metric(node_b, "hf_mirror_peer_bytes_total") == RANGE  # nothing of it from node A
+    assert list((nodes.tmp / "node1" / "cache" / "partials").glob("*.part"))
