@@ -296,6 +296,15 @@ class FillManager:
 
     # --- the fill task ---------------------------------------------------------------------------------------------
 
+    async def _release(self, spec: FillSpec) -> None:
+        """Give the fill lease back. A failure is logged, never the fill's: its blob may already be committed, and a
+        lease not given back only expires (``lease_ttl``), after which another node finds the blob in the store."""
+        try:
+            await self.store.release_lease(spec.etag, self.owner)
+        except MirrorError as exc:
+            log.warning("could not give back the fill lease of %s %s (it expires in %ss): %s", spec.repo.key,
+                        spec.path, self.lease_ttl, exc)
+
     async def _drive(self, fill: Fill) -> None:
         spec = fill.spec
         peer = PeerAddress(self.node_url, fill.peer_token) if self.node_url else None
@@ -316,7 +325,7 @@ class FillManager:
                         await self._publish_held(fill)  # before the lease goes: the fleet sees one or the other
                         raise
                     finally:
-                        await self.store.release_lease(spec.etag, self.owner)
+                        await self._release(spec)
                     if done:
                         break
                     # The lease went to another node: follow it (or find the blob it committed).

@@ -200,6 +200,8 @@ def test_database_down_hits_served_misses_refused_then_back(emu: EmulatorHandle,
                     for url in (warm, cold)}
         status, body, _ = get(node.url + warm)
         assert status == 200 and body == expected[warm]
+        # The client has every byte before the fill has committed the blob: a hit only once it has.
+        wait_until(lambda: httpx.head(node.url + warm).headers.get("x-mirror-cache") == "hit", "the warm file stored")
         own.stop()
         for _ in range(3):
             status, body, _ = get(node.url + warm)

@@ -40,6 +40,8 @@ def hits_by_process(files: Path) -> dict[str, float]:
     """Resolve hits each worker wrote into its own multiprocess file (``counter_<pid>.db``)."""
     counts: dict[str, float] = {}
     for db in files.glob("counter_*.db"):
+        if db.stat().st_size < 8:  # a worker's file just made, not yet sized: nothing counted in it yet
+            continue
         for key, value, _ts, _pos in MmapedDict.read_all_values_from_file(str(db)):
             _metric, sample, labels, _help = json.loads(key)
             if sample == "hf_mirror_requests_total" and labels == {"route": "resolve", "outcome": "hit"}:
