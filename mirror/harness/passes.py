@@ -98,6 +98,7 @@ def start_pass(spec: PassSpec, args: argparse.Namespace) -> PendingPass:
            "max_length": args.max_length, "workers": spec.workers, "shuffle_buffer": args.shuffle_buffer,
            "max_rows": args.max_rows, "max_seconds": args.max_seconds, "device": args.device,
            "step_ms": args.step_ms, "nonstreaming": spec.nonstreaming,
+           "parquet_batch_rows": getattr(args, "parquet_batch_rows", None) or 0,
            "local_dir": str(spec.local_dir) if spec.local_dir else None}
     spec.hf_home.mkdir(parents=True, exist_ok=True)
     stderr_path = spec.hf_home.parent / f"{spec.name}.stderr.log"

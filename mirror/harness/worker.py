@@ -309,7 +309,11 @@ def _measure(cfg: dict[str, Any], counter: Any) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(cfg["tokenizer"])
     tokenizer_s = time.perf_counter() - t0
     source = cfg["local_dir"] or cfg["dataset"]
-    ds = datasets.load_dataset(source, cfg["config"], split=cfg["split"], streaming=streaming)
+    # Parquet's record batch size bounds pyarrow's background read-ahead (mirror/harness/sample_bench.py); 0 leaves
+    # datasets' default
+    batch_rows = int(cfg.get("parquet_batch_rows") or 0)
+    ds = datasets.load_dataset(source, cfg["config"], split=cfg["split"], streaming=streaming,
+                               **({"batch_size": batch_rows} if batch_rows else {}))
     load_s = time.perf_counter() - t0
     features = getattr(ds, "features", None)
     if features is not None and cfg["text_column"] not in features:
@@ -429,6 +433,7 @@ def _measure(cfg: dict[str, Any], counter: Any) -> dict[str, Any]:
         "step_ms": cfg["step_ms"], "step_kind": step.kind, "step_reps": step.reps,
         "workers": workers, "active_workers": active, "n_shards": n_shards, "streaming": streaming,
         "loader": loader_kind, "batch_size": cfg["batch_size"], "max_length": cfg["max_length"],
+        "parquet_batch_rows": batch_rows or None,
         "device": device, "device_note": device_note, "torch": getattr(torch, "__version__", None),
         "datasets": datasets.__version__, "pinned_memory": cuda,
     }
