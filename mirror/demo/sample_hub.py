@@ -21,6 +21,7 @@ import hashlib
 import io
 import json
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -212,7 +213,8 @@ class SampleHub:
 
     It counts what it is asked (``GET /_sample_hub/stats``): requests and body bytes sent, split into *data*
     (resolves of LFS files: the parquet shards) and *metadata* (everything else), so that a bench can say what a
-    pass asked of upstream. Health checks and the stats route are not counted."""
+    pass asked of upstream, and its process's CPU seconds (``cpu_s``). Health checks and the stats route are not
+    counted."""
 
     def __init__(self, repos: dict[tuple[str, str], Repo]) -> None:
         self.repos = repos
@@ -226,7 +228,8 @@ class SampleHub:
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         raw = scope["raw_path"].decode()
         if raw == STATS_PATH:
-            await send_response(send, scope["method"], *_json(200, self.stats))
+            # with its CPU seconds so far: what serving a pass cost the upstream side
+            await send_response(send, scope["method"], *_json(200, {**self.stats, "cpu_s": time.process_time()}))
             return
         status, out_headers, payload = self.handle(scope["method"], raw, scope.get("query_string", b"").decode(),
                                                    headers, body)

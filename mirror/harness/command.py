@@ -9,7 +9,7 @@ from pathlib import Path
 from mirror.harness.bench import run_bench
 from mirror.harness.passes import SAMPLE_KINDS
 from mirror.harness.protocol import EXIT_USER_ERROR, HarnessError
-from mirror.harness.sample_bench import run_sample_bench
+from mirror.harness.sample_bench import PARQUET_BATCH_ROWS, run_sample_bench
 
 
 def worker_counts(text: str) -> list[int]:
@@ -58,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "0 with it)")
     add("--num-workers", type=int, default=None, help=argparse.SUPPRESS)  # the flag before --workers
     add("--shuffle-buffer", type=int, default=0, help="IterableDataset.shuffle buffer size; 0 = no shuffle")
+    add("--parquet-batch-rows", type=int, default=None,
+        help="rows per Arrow record batch datasets reads from a Parquet file (load_dataset(..., batch_size=N)); "
+             "pyarrow reads and decodes that many batches ahead in the background, so it bounds each worker's "
+             "read-ahead. 0 = datasets' default (a row group per batch: each worker reads its whole shard ahead). "
+             f"Default {PARQUET_BATCH_ROWS} without --endpoint, 0 with it (your dataset may not be Parquet)")
     add("--max-rows", type=int, default=None, help="stop after this many rows per pass")
     add("--max-seconds", type=float, default=None, help="stop a pass after this many seconds")
     add("--step-ms", type=float, default=0.0,
@@ -80,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         if args.endpoint:
             if not args.dataset or not args.tokenizer:
                 raise HarnessError("missing_repo", "--endpoint needs --dataset and --tokenizer")
+            if args.parquet_batch_rows is None:
+                args.parquet_batch_rows = 0
             report = run_bench(args)
         else:
             report = run_sample_bench(args)

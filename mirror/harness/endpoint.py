@@ -81,8 +81,9 @@ def scrape_bytes_served(endpoint: str) -> float | None:
     return figures["served"] if figures else None
 
 
-def sample_hub_stats(url: str) -> dict[str, int] | None:
-    """The sample Hub's own counters (requests and body bytes, data and metadata); None if unreadable."""
+def sample_hub_stats(url: str) -> dict[str, float] | None:
+    """The sample Hub's own counters (requests and body bytes, data and metadata; its CPU seconds ``cpu_s``); None
+    if unreadable."""
     try:
         status, text = _http_get(url.rstrip("/") + "/_sample_hub/stats", timeout=5)
         return json.loads(text) if status == 200 else None

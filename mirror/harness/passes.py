@@ -98,6 +98,7 @@ def start_pass(spec: PassSpec, args: argparse.Namespace) -> PendingPass:
            "max_length": args.max_length, "workers": spec.workers, "shuffle_buffer": args.shuffle_buffer,
            "max_rows": args.max_rows, "max_seconds": args.max_seconds, "device": args.device,
            "step_ms": args.step_ms, "nonstreaming": spec.nonstreaming,
+           "parquet_batch_rows": getattr(args, "parquet_batch_rows", None) or 0,
            "local_dir": str(spec.local_dir) if spec.local_dir else None}
     spec.hf_home.mkdir(parents=True, exist_ok=True)
     stderr_path = spec.hf_home.parent / f"{spec.name}.stderr.log"
@@ -123,7 +124,9 @@ def stop_pass(pending: PendingPass) -> None:
 
 def _counters(spec: PassSpec, hub: str | None) -> dict[str, Any]:
     return {"mirror": None if spec.local_dir else scrape_mirror(spec.endpoint),
-            "hub": sample_hub_stats(hub) if hub else None}
+            "hub": sample_hub_stats(hub) if hub else None,
+            # the mirror's own CPU seconds, when the bench runs it (a sample bench): what serving the pass cost it
+            "mirror_cpu": spec.service.cpu_s() if spec.service is not None else None}
 
 
 def _upstream(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +135,11 @@ def _upstream(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"upstream_source": None, "upstream_requests": None, "upstream_bytes": None,
                            "upstream_data_requests": None, "upstream_data_bytes": None,
                            "upstream_metadata_requests": None, "mirror_upstream_requests": None,
-                           "mirror_upstream_bytes": None, "endpoint_bytes_served": None}
+                           "mirror_upstream_bytes": None, "endpoint_bytes_served": None,
+                           "endpoint_cpu_s": None, "upstream_cpu_s": None}
+    c0, c1 = before.get("mirror_cpu"), after.get("mirror_cpu")
+    if c0 is not None and c1 is not None:
+        out["endpoint_cpu_s"] = c1 - c0
     m0, m1 = before["mirror"], after["mirror"]
     if m0 is not None and m1 is not None:
         out.update(endpoint_bytes_served=m1["served"] - m0["served"],
@@ -146,7 +153,8 @@ def _upstream(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         d = {k: h1[k] - h0[k] for k in h1}
         out.update(upstream_source="sample hub counters", upstream_requests=d["requests"],
                    upstream_bytes=d["bytes"], upstream_data_requests=d["data_requests"],
-                   upstream_data_bytes=d["data_bytes"], upstream_metadata_requests=d["metadata_requests"])
+                   upstream_data_bytes=d["data_bytes"], upstream_metadata_requests=d["metadata_requests"],
+                   upstream_cpu_s=d.get("cpu_s"))
     return out
 
 
@@ -156,7 +164,7 @@ def finish_pass(pending: PendingPass, args: argparse.Namespace,
     Hub's URL when the bench runs one (its counters say what the pass asked of upstream)."""
     spec, proc = pending.spec, pending.proc
     outcome = PassOutcome(spec)
-    before: dict[str, Any] = {"mirror": None, "hub": None}
+    before: dict[str, Any] = {"mirror": None, "hub": None, "mirror_cpu": None}
     assert proc.stdin is not None and proc.stdout is not None
     outcome.error = pending.early_error
 

@@ -32,7 +32,9 @@ def build_report(args: argparse.Namespace, outcomes: list[PassOutcome], labels: 
         notes.append(f"each figure is the median of {len(runs) // max(len(passes), 1)} runs (every run in 'runs')")
     notes.append("MB/s = bytes the pass read (sockets: HTTP headers+bodies, metadata and tokenizer included; local: "
                  "read() bytes) / pass time; stall = share of the step loop's wall time spent waiting for a batch; "
-                 "upstream = what reached the sample Hub (or, against your own mirror, the mirror's /metrics)")
+                 "upstream = what reached the sample Hub (or, against your own mirror, the mirror's /metrics); "
+                 "CPU s = CPU seconds of the pass and its loader workers; server CPU s = the mirror's and the sample "
+                 "Hub's during the pass (only for the servers the bench runs)")
     return {"config": config, "passes": passes, "notes": notes, "summary": summarize(passes),
             "runs": runs if len(passes) < len(runs) else [],
             "errors": [dict(o.error, name=o.spec.name) for o in outcomes if o.error is not None],
@@ -110,7 +112,15 @@ COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
                                          if r.get("upstream_data_requests") is not None else "")),
     ("upstream MB", lambda r: _mb(r.get("upstream_bytes"))),
     ("H2D GB/s", lambda r: _fmt(r["h2d_gb_per_s"], ".2f")),
+    ("CPU s", lambda r: _fmt(r.get("cpu_s"), ".1f")),
+    ("server CPU s", lambda r: _fmt(_server_cpu_s(r), ".1f")),
 ]
+
+
+def _server_cpu_s(r: dict[str, Any]) -> float | None:
+    """CPU the servers the bench runs spent on the pass: the mirror's and the sample Hub's (None: none measured)."""
+    parts = [r.get("endpoint_cpu_s"), r.get("upstream_cpu_s")]
+    return None if all(p is None for p in parts) else sum(p for p in parts if p is not None)
 
 
 def print_report(report: dict[str, Any], tty: bool) -> None:

@@ -18,6 +18,13 @@ from mirror.harness.sample_data import ensure, parse_size
 
 DATASET = "demo/bench-text"
 TOKENIZER = "demo/bench-tokenizer"
+# rows per Arrow record batch (datasets' Parquet ``batch_size``) in a self-contained bench. pyarrow's scan reads and
+# decodes a queue of record batches ahead of its reader, in the background: at datasets' default (a row group, 8192
+# rows, per batch) that queue holds a whole 128 MB shard, so every loader worker read and decoded its entire shard
+# in the first seconds of a pass (~19 CPU s for 16 workers, ~590 MB RSS each; 2.15 GB over HTTP for 20,000 rows).
+# 256 rows bound it to the first pre-buffered range (~37 MB, four row groups) per worker; the rows and tokens are
+# the same (docs/harness.md: "Read-ahead").
+PARQUET_BATCH_ROWS = 256
 
 
 def run_sample_bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -30,6 +37,8 @@ def run_sample_bench(args: argparse.Namespace) -> dict[str, Any]:
           f"{len(data.manifest['dataset_files'])} files at {data.root} "
           f"(generated in {data.manifest['generate_s']:.1f}s; ready in {ready_s:.1f}s)", flush=True)
     args.dataset, args.tokenizer, args.config, args.split, args.text_column = DATASET, TOKENIZER, None, "train", "text"
+    if getattr(args, "parquet_batch_rows", None) is None:  # the flag not given (or the demo's own namespace)
+        args.parquet_batch_rows = PARQUET_BATCH_ROWS
     root = Path(tempfile.mkdtemp(prefix="hf-mirror-bench-"))
     hub = services.sample_hub(root, size=args.size, seed=args.seed, data_dir=args.data_dir, shards=args.shards)
     try:

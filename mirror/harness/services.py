@@ -48,6 +48,13 @@ class Service:
                                          stderr=subprocess.STDOUT)
         _wait_healthy(self.proc, self.url, self.log, timeout)
 
+    def cpu_s(self) -> float | None:
+        """CPU seconds (user + system) the process has used so far, from ``/proc``; None when not running or
+        unreadable (not Linux)."""
+        if self.proc is None:
+            return None
+        return process_cpu_s(self.proc.pid)
+
     def stop(self) -> None:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
@@ -58,6 +65,15 @@ class Service:
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """A process's CPU seconds (user + system) from ``/proc/PID/stat``; None when unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def sample_hub(root: Path, *, size: str | None, seed: int, data_dir: Path | None, rows: int = 4000,

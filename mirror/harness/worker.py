@@ -56,6 +56,14 @@ def _install_socket_counter() -> Any:
     return counter
 
 
+def _cpu_s() -> float:
+    """CPU seconds (user + system) of this process and of its reaped children: the loader workers, once joined."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def _rchar() -> int | None:
     try:
         for line in Path("/proc/self/io").read_text().splitlines():
@@ -296,11 +304,16 @@ def _measure(cfg: dict[str, Any], counter: Any) -> dict[str, Any]:
     worker_rchar = multiprocessing.Value("Q", 0)
     rchar0 = _rchar()
     bytes0 = counter.value
+    cpu0 = _cpu_s()
     t0 = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(cfg["tokenizer"])
     tokenizer_s = time.perf_counter() - t0
     source = cfg["local_dir"] or cfg["dataset"]
-    ds = datasets.load_dataset(source, cfg["config"], split=cfg["split"], streaming=streaming)
+    # Parquet's record batch size bounds pyarrow's background read-ahead (mirror/harness/sample_bench.py); 0 leaves
+    # datasets' default
+    batch_rows = int(cfg.get("parquet_batch_rows") or 0)
+    ds = datasets.load_dataset(source, cfg["config"], split=cfg["split"], streaming=streaming,
+                               **({"batch_size": batch_rows} if batch_rows else {}))
     load_s = time.perf_counter() - t0
     features = getattr(ds, "features", None)
     if features is not None and cfg["text_column"] not in features:
@@ -382,6 +395,8 @@ def _measure(cfg: dict[str, Any], counter: Any) -> dict[str, Any]:
         if pool is not None:
             pool.close()
         del batches  # shuts down DataLoader workers, if any
+    # after the workers are joined, so that their CPU is in RUSAGE_CHILDREN
+    cpu_s = _cpu_s() - cpu0
     h2d_s = sum(b.elapsed_time(a) for b, a in copies) / 1000 if copies else 0.0
     _emit({"event": "progress", "t": end - t0, "rows": rows, "bytes": counter.value - bytes0})
     total_s = end - t0
@@ -414,10 +429,11 @@ def _measure(cfg: dict[str, Any], counter: Any) -> dict[str, Any]:
         "read_mb_per_s": mb_per_s, "mb_per_s": mb_per_s,
         "h2d_bytes": h2d_bytes if cuda else None, "h2d_s": h2d_s if cuda else None,
         "h2d_gb_per_s": h2d_bytes / 1e9 / h2d_s if cuda and h2d_s > 0 else None,
-        "wait_s": wait_s, "loop_s": loop_s, "starvation_ratio": stall, "stall_fraction": stall,
+        "wait_s": wait_s, "loop_s": loop_s, "cpu_s": cpu_s, "starvation_ratio": stall, "stall_fraction": stall,
         "step_ms": cfg["step_ms"], "step_kind": step.kind, "step_reps": step.reps,
         "workers": workers, "active_workers": active, "n_shards": n_shards, "streaming": streaming,
         "loader": loader_kind, "batch_size": cfg["batch_size"], "max_length": cfg["max_length"],
+        "parquet_batch_rows": batch_rows or None,
         "device": device, "device_note": device_note, "torch": getattr(torch, "__version__", None),
         "datasets": datasets.__version__, "pinned_memory": cuda,
     }

@@ -173,6 +173,28 @@ def test_local_pass_stopped_early_counts_its_workers_reads(tmp_path: Path) -> No
     assert p["stopped_early"] and p["read_method"] == "proc_rchar" and p["read_bytes"] > 400_000, p
 
 
+@pytest.mark.timeout(200)
+def test_parquet_batch_rows_keeps_rows_and_tokens_and_reports_cpu(tmp_path: Path) -> None:
+    """--parquet-batch-rows changes how far pyarrow reads ahead, never what a pass reads: the same rows and tokens
+    as datasets' default batches; every pass says what CPU it and the servers spent."""
+    reports = {}
+    for rows in ("0", "256"):
+        out = tmp_path / f"b{rows}.json"
+        proc = _run("bench", "--size", "1M", "--workers", "0", "--passes", "local,warm", "--max-rows", "300",
+                    "--parquet-batch-rows", rows, "--data-dir", str(tmp_path / "data"), "--json", str(out),
+                    timeout=95)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        reports[rows] = {p["name"]: p for p in json.loads(out.read_text())["passes"]}
+    for name in ("local-w0", "mirror-warm-w0"):
+        default, bounded = reports["0"][name], reports["256"][name]
+        assert (default["rows"], default["tokens"]) == (bounded["rows"], bounded["tokens"]), (default, bounded)
+        assert default["parquet_batch_rows"] is None and bounded["parquet_batch_rows"] == 256
+        assert bounded["cpu_s"] > 0, bounded
+    warm = reports["256"]["mirror-warm-w0"]
+    assert warm["endpoint_cpu_s"] is not None and warm["endpoint_cpu_s"] >= 0, warm  # the bench runs the mirror
+    assert warm["upstream_cpu_s"] is not None and reports["256"]["local-w0"]["endpoint_cpu_s"] is None
+
+
 def test_bench_unreachable_endpoint_fails_clearly(tmp_path: Path) -> None:
     proc = _run("bench", "--endpoint", f"http://127.0.0.1:{free_port()}", "--dataset", "demo/tiny-text",
                 "--tokenizer", "demo/tiny-tokenizer", "--json", str(tmp_path / "x.json"), timeout=30)
