@@ -9,17 +9,14 @@ bytes are counted at the emulator."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import httpx
 import pytest
 
 from tests.e2e.test_fleet_database import start_fleet
-from tests.support import postgres_server, s3_server
+from tests.support import postgres_server
 from tests.support.fleet import Fleet, wait_until
 from tests.support.hub_emulator.fixtures import generated_bytes
-from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
+from tests.support.hub_emulator.runner import EmulatorHandle
 from tests.support.mirror_proc import metric, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -39,34 +36,13 @@ SPARSE_ENV = {"HF_MIRROR_PARALLEL_FILL_THRESHOLD": str(64 * MIB), "HF_MIRROR_FIL
               "HF_MIRROR_SHUTDOWN_GRACE": "1"}  # a lingering fill does not hold the nodes' stop
 
 
-@pytest.fixture(scope="module")
-def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorHandle]:
-    with run_emulator(tmp_path_factory.mktemp("emu"), huge_file_size=SIZE) as handle:
-        yield handle
-
-
-@pytest.fixture
-def nodes(s3: s3_server.S3Server, tmp_path: Path) -> Iterator[Fleet]:
-    out = Fleet(s3, tmp_path)
-    try:
-        yield out
-    finally:
-        out.stop()
+EMULATOR_FILES = {"huge_file_size": SIZE}  # for ``emu`` (tests/e2e/conftest.py)
 
 
 @pytest.fixture
 def database(postgres: postgres_server.PostgresServer) -> str:
     return postgres.create_database()
 
-
-def cdn_spans(emu: EmulatorHandle) -> list[tuple[int, int]]:
-    """The byte spans ``[start, end)`` the nodes asked the CDN for, in order."""
-    out = []
-    for request in emu.requests():
-        if request["host"] == "cdn" and request["method"] == "GET":
-            first, _, last = (request.get("range") or "").removeprefix("bytes=").partition("-")
-            out.append((int(first), int(last) + 1))
-    return sorted(out)
 
 
 def windows_of(start: int, end: int) -> set[tuple[int, int]]:
@@ -84,14 +60,14 @@ def read(url: str, start: int, end: int) -> httpx.Response:
 
 def settled(emu: EmulatorHandle, spans: set[tuple[int, int]]) -> None:
     """Every window of ``spans`` fetched (the read-ahead lands after the read that asked it) and nothing else."""
-    wait_for(lambda: set(cdn_spans(emu)) == spans and emu.stats()["bytes_served"] >= sum(b - a for a, b in spans),
+    wait_for(lambda: set(emu.cdn_spans()) == spans and emu.stats()["bytes_served"] >= sum(b - a for a, b in spans),
              timeout=60)
 
 
-def test_a_range_another_node_holds_as_windows_is_relayed_from_it(emu: EmulatorHandle, nodes: Fleet,
+def test_a_range_another_node_holds_as_windows_is_relayed_from_it(emu: EmulatorHandle, fleet: Fleet,
                                                                    database: str) -> None:
     emu.reset_stats()
-    node_a, node_b = start_fleet(nodes, emu, database, count=2, env=SPARSE_ENV)
+    node_a, node_b = start_fleet(fleet, emu, database, count=2, env=SPARSE_ENV)
     first = (41 * MIB + 123, 41 * MIB + 122 + RANGE)  # unaligned: three windows, and one of read-ahead
 
     read(node_a.url, *first)
@@ -103,9 +79,9 @@ def test_a_range_another_node_holds_as_windows_is_relayed_from_it(emu: EmulatorH
     # Node B's same Range: relayed from node A's held windows, not one byte more from upstream.
     response = read(node_b.url, *first)
     assert response.headers["x-mirror-cache"] == "miss"  # not on B's disk: B relays it
-    assert emu.stats()["bytes_served"] == fetched and set(cdn_spans(emu)) == expected
+    assert emu.stats()["bytes_served"] == fetched and set(emu.cdn_spans()) == expected
     assert metric(node_b, "hf_mirror_peer_bytes_total") == RANGE
-    assert not list((nodes.tmp / "node1" / "cache" / "partials").glob("*.part"))  # B stores nothing of it
+    assert not list((fleet.tmp / "node1" / "cache" / "partials").glob("*.part"))  # B stores nothing of it
 
     # A Range neither node holds, asked on B: A fetches its windows once (as for a Range of its own), for both nodes.
     second = (100 * MIB, 100 * MIB + RANGE - 1)
@@ -116,7 +92,7 @@ def test_a_range_another_node_holds_as_windows_is_relayed_from_it(emu: EmulatorH
     assert fetched == sum(b - a for a, b in expected)
     read(node_a.url, *second)  # a hit on A
     read(node_b.url, *second)  # relayed again from A
-    assert emu.stats()["bytes_served"] == fetched and set(cdn_spans(emu)) == expected
+    assert emu.stats()["bytes_served"] == fetched and set(emu.cdn_spans()) == expected
 
 
 def windows_rows(database: str) -> list[tuple[str, str, str, list[list[int]]]]:
@@ -128,11 +104,11 @@ def windows_rows(database: str) -> list[tuple[str, str, str, list[list[int]]]]:
             "SELECT etag, node_url, token, held FROM hf_mirror_windows ORDER BY node_url").fetchall()]
 
 
-def test_the_windows_a_paused_sparse_fill_left_are_read_from_its_node(emu: EmulatorHandle, nodes: Fleet,
+def test_the_windows_a_paused_sparse_fill_left_are_read_from_its_node(emu: EmulatorHandle, fleet: Fleet,
                                                                         database: str) -> None:
     emu.reset_stats()
     # A sparse fill pauses one second after its last reader: its lease goes, the record of its windows stays.
-    node_a, node_b = start_fleet(nodes, emu, database, count=2, env={**SPARSE_ENV, "HF_MIRROR_SPARSE_LINGER": "1"})
+    node_a, node_b = start_fleet(fleet, emu, database, count=2, env={**SPARSE_ENV, "HF_MIRROR_SPARSE_LINGER": "1"})
     first = (41 * MIB + 123, 41 * MIB + 122 + RANGE)
     read(node_a.url, *first)
     expected = windows_of(*first)
@@ -153,9 +129,9 @@ def test_the_windows_a_paused_sparse_fill_left_are_read_from_its_node(emu: Emula
     # Node B's same Range: read from node A's partial file, not one byte more from upstream, nothing kept on B.
     response = read(node_b.url, *first)
     assert response.headers["x-mirror-cache"] == "miss"
-    assert emu.stats()["bytes_served"] == fetched and set(cdn_spans(emu)) == expected
+    assert emu.stats()["bytes_served"] == fetched and set(emu.cdn_spans()) == expected
     assert metric(node_b, "hf_mirror_peer_bytes_total") == RANGE
-    assert not list((nodes.tmp / "node1" / "cache" / "partials").glob("*.part"))
+    assert not list((fleet.tmp / "node1" / "cache" / "partials").glob("*.part"))
     assert metric(node_a, "hf_mirror_fills_total", result="paused") == 1  # no fill resumed on A for it
 
     # A Range node A's windows do not hold: node B fills it itself (its own windows, from upstream, once).
@@ -165,4 +141,4 @@ def test_the_windows_a_paused_sparse_fill_left_are_read_from_its_node(emu: Emula
     settled(emu, expected)
     assert emu.stats()["bytes_served"] == sum(b - a for a, b in expected)
     assert metric(node_b, "hf_mirror_peer_bytes_total") == RANGE  # nothing of it from node A
-    assert list((nodes.tmp / "node1" / "cache" / "partials").glob("*.part"))
+    assert list((fleet.tmp / "node1" / "cache" / "partials").glob("*.part"))

@@ -46,15 +46,6 @@ def huge_sha(emu: EmulatorHandle) -> str:
     return emu.files.etag("dataset", HUGE, "main", "huge.bin")
 
 
-def cdn_ranges(emu: EmulatorHandle) -> list[tuple[int, int]]:
-    """The byte spans ``[start, end)`` the mirror asked the CDN for, in order."""
-    out = []
-    for request in emu.requests():
-        if request["host"] == "cdn" and request["method"] == "GET":
-            first, _, last = (request.get("range") or "").removeprefix("bytes=").partition("-")
-            out.append((int(first), int(last) + 1))
-    return sorted(out)
-
 
 def windows_of(start: int, end: int) -> list[tuple[int, int]]:
     """The windows a Range of bytes ``start..end`` (inclusive) fetches: those it covers and the read-ahead's."""
@@ -99,7 +90,7 @@ def test_ranged_xet_reads_fetch_only_their_windows(emu: EmulatorHandle, tmp_path
             check(data, start, end)
             assert set(outcomes) == {"miss"}
         fetched = emu.stats()["bytes_served"]
-        assert cdn_ranges(emu) == expected  # the windows of the three ranges and their read-ahead: each once
+        assert emu.cdn_spans() == expected  # the windows of the three ranges and their read-ahead: each once
         assert fetched == sum(b - a for a, b in expected) <= 3 * (RANGE + WINDOW + READ_AHEAD)
         assert fetched <= on_disk(partial) <= fetched + WINDOW  # sparse: the holes take no disk
         for start, end in THREE:  # again: hits, nothing more from upstream
@@ -132,7 +123,7 @@ def test_ranged_xet_reads_fetch_only_their_windows(emu: EmulatorHandle, tmp_path
         wait_for(lambda: blob(cache, huge_sha(emu)).exists())
         wait_for(lambda: metric(mirror, "hf_mirror_sparse_files") == 0 and metric(mirror, "hf_mirror_cache_blobs") == 1)
     assert emu.stats()["bytes_served"] == SIZE  # each byte from upstream once
-    spans = cdn_ranges(emu)
+    spans = emu.cdn_spans()
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))  # no byte asked twice
     assert not partial.exists() and not Path(f"{partial}.windows").exists()
 
@@ -177,7 +168,7 @@ def test_a_kill_9_during_a_sparse_fill_loses_no_held_window(emu: EmulatorHandle,
     with MirrorProcess(emu.url, cache, *SPARSE) as mirror:
         answer = httpx.get(mirror.url + HUGE_URL, headers={"range": f"bytes={start}-{end}"}, timeout=60)
         assert answer.status_code == 206 and answer.content == generated_bytes(start, end + 1)
-        again = cdn_ranges(emu)
+        again = emu.cdn_spans()
         assert not [(a, b) for a, b in again for h0, h1 in kept if a < h1 and h0 < b], (again, kept)  # no refetch
         assert sum(b - a for a, b in [*again, *kept]) == sum(b - a for a, b in windows_of(start, end))
         status, sha, _, _ = asyncio.run(download(mirror.url + HUGE_URL))

@@ -94,6 +94,15 @@ class EmulatorHandle:
         a client's would say ``hf_hub`` or ``hf_xet``)}``."""
         return list(self._control("stats")["requests"])
 
+
+    def cdn_spans(self) -> list[tuple[int, int]]:
+        """The byte spans ``[start, end)`` the CDN host was asked for (ranged GETs), sorted."""
+        out = []
+        for request in self.requests():
+            if request["host"] == "cdn" and request["method"] == "GET":
+                first, _, last = (request.get("range") or "").removeprefix("bytes=").partition("-")
+                out.append((int(first), int(last) + 1))
+        return sorted(out)
     def reset_stats(self) -> None:
         self._control("reset")
 
