@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from mirror.harness.bench import run_bench
@@ -30,6 +31,19 @@ def _passes(text: str) -> list[str]:
     return kinds
 
 
+def _at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``minimum`` (a negative batch reached pyarrow before)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, not {text!r}")
+        return value
+    return parse
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--endpoint", default=None,
@@ -50,15 +64,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where generated datasets are kept (default $HF_MIRROR_SAMPLE_DATA or ~/.cache/hf-mirror/sample-data)")
     add("--passes", type=_passes, default=list(SAMPLE_KINDS),
         help=f"without --endpoint: which passes (default {','.join(SAMPLE_KINDS)})")
-    add("--repeat", type=int, default=1, help="without --endpoint: run every pass N times; the table shows medians")
-    add("--batch-size", type=int, default=32, help="rows per batch (default 32)")
-    add("--max-length", type=int, default=128, help="tokenizer truncation length (default 128)")
+    add("--repeat", type=_at_least(1), default=1,
+        help="without --endpoint: run every pass N times; the table shows medians")
+    add("--batch-size", type=_at_least(1), default=32, help="rows per batch (default 32)")
+    add("--max-length", type=_at_least(1), default=128, help="tokenizer truncation length (default 128)")
     add("--workers", type=worker_counts, default=None,
         help="DataLoader worker counts, one set of passes each, e.g. 0,4,16 (default: 0,4,16 without --endpoint, "
              "0 with it)")
     add("--num-workers", type=int, default=None, help=argparse.SUPPRESS)  # the flag before --workers
-    add("--shuffle-buffer", type=int, default=0, help="IterableDataset.shuffle buffer size; 0 = no shuffle")
-    add("--parquet-batch-rows", type=int, default=None,
+    add("--shuffle-buffer", type=_at_least(0), default=0, help="IterableDataset.shuffle buffer size; 0 = no shuffle")
+    add("--parquet-batch-rows", type=_at_least(0), default=None,
         help="rows per Arrow record batch datasets reads from a Parquet file (load_dataset(..., batch_size=N)); "
              "pyarrow reads and decodes that many batches ahead in the background, so it bounds each worker's "
              "read-ahead. 0 = datasets' default (a row group per batch: each worker reads its whole shard ahead). "
