@@ -150,6 +150,8 @@ class MirrorApp:
         self.mirror: Mirror | None = None
         self.auth = MirrorAuth(settings)
         self._routes: dict[str, hf.Route] = {}  # raw path -> its route, for paths check_canonical passed
+        # A HEAD is an audit event only as an admission refusal: without a policy, a HEAD takes no audit note.
+        self._audits_heads = settings.policy_active
         self.access_log = (AccessLog(settings.log_format, (settings.upstream_token or "",))
                            if settings.access_log else None)
         self.fastapi = FastAPI(title="hf-mirror", version="0.1.0", lifespan=self._lifespan)
@@ -313,7 +315,7 @@ class MirrorApp:
                 raise MethodNotAllowed(f"{method} is not allowed here: this mirror is read-only",
                                        allow=route.methods)
             if route.resolve is not None:
-                if self.mirror.audit is not None:
+                if self.mirror.audit is not None and (method != "HEAD" or self._audits_heads):
                     target = route.resolve
                     note_file(scope, target.repo.type.value, target.repo.repo_id, target.path, target.revision)
                 caller = await self.lent_caller(scope, route.resolve.repo)

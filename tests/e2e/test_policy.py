@@ -270,6 +270,8 @@ def test_refusals_are_in_the_audit_log_with_their_rule(emulator: EmulatorHandle,
         assert httpx.get(url(mirror, ZOO, "config.json")).status_code == 200
         assert_refused(httpx.get(url(mirror, ZOO, "evil/nested.pkl")), "mirror-scan", "evil/nested.pkl")
         assert httpx.get(url(mirror, ZOO, "benign/ckpt.pt")).status_code == 200
+        # A HEAD refused is an event too (an admitted HEAD is none: no file went out).
+        assert_refused(httpx.head(url(mirror, ZOO, "evil/os_system.bin")), "hub-scan-unsafe", "evil/os_system.bin")
     # The bill of materials carries the mirror's own scan and its decisions (issue 27 item 5).
     bom = cli("sbom", f"{ZOO}@main", "--cache-dir", str(cache))
     assert bom.returncode == 0, bom.stderr
@@ -286,3 +288,5 @@ def test_refusals_are_in_the_audit_log_with_their_rule(emulator: EmulatorHandle,
     assert events["evil/exec.pt"]["outcome"] == "quarantined"
     assert events["evil/exec.pt"]["rule"] == "hub-scan-caution"
     assert events["config.json"]["outcome"] in ("miss", "hit")
+    assert events["evil/os_system.bin"]["outcome"] == "refused"
+    assert events["evil/os_system.bin"]["rule"] == "hub-scan-unsafe"
