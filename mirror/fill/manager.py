@@ -147,10 +147,11 @@ class FillManager:
         """An fd on this node's sparse partial file of ``etag`` when ``token`` is the one this node's record of its
         held windows carries (:mod:`mirror.metadata.held`) and they hold every byte of ``start..end``; else
         ``None``. Nothing is fetched: the peer asking fills a Range refused here itself."""
-        if self.held is None or not await self.held.opens(etag, token):
+        partial = self.store.partial_path(etag)
+        # No partial file here, no database question: a caller guessing etags and tokens costs a stat, not a query.
+        if self.held is None or not partial.exists() or not await self.held.opens(etag, token):
             yield None
             return
-        partial = self.store.partial_path(etag)
         fd = await asyncio.to_thread(_open_held, partial, start, end)
         if fd is None and not await asyncio.to_thread(held_windows, partial):
             await self.held.forget(etag)  # the windows went without their record (a crash between the two)

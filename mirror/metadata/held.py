@@ -28,6 +28,8 @@ log = logging.getLogger("hf_mirror.metadata")
 
 
 class HeldWindows:
+    """This node's records of held windows in the fleet's database, and its reads of the other nodes' records."""
+
     def __init__(self, metadata: MetadataStore, node_url: str) -> None:
         self.metadata = metadata
         self.node_url = node_url.rstrip("/")
