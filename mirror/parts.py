@@ -121,6 +121,9 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
         store, upstream, metrics, chunk_size=settings.fill_chunk_size, lease_ttl=lease_ttl,
         cancel_on_disconnect=settings.fill_on_disconnect == "cancel", node_url=settings.node_url, busy=busy,
         held=held,
+        # Completing a sparse file reserves the rest of it, as a new fill does: the quota's make_room. The cache
+        # manager is built below (it asks the fills what is busy); this is called only once the parts serve.
+        make_room=lambda size, reserved: cache.make_room(size, reserved),
     )
     # The fleet's database behind this node's index (metadata_url): refs, files, access confirmations, pins, API
     # answers and listings, Xet hashes.
@@ -131,7 +134,6 @@ def build_parts(settings: Settings, metrics: Metrics | None = None, *,
                          layout=layout, min_free_space=settings.min_free_space or 0,
                          evicts_for_disk=settings.storage == "local", metadata=metadata if shared else None,
                          busy=busy, held=held)
-    fills.make_room = cache.make_room  # completing a sparse file reserves the rest of it, as a new fill does
     if busy is not None:
         metadata.on_evicted(cache.dropped)  # another node's eviction: this node's hot copy goes too
     scrubber = Scrubber(store, metrics, is_busy=is_busy)

@@ -46,7 +46,8 @@ _EVICTION_POLL = 0.2  # seconds between looks at a blob whose eviction is under 
 class FillManager:
     def __init__(self, store: BlobStore, upstream: UpstreamClient, metrics: Metrics, *, chunk_size: int,
                  lease_ttl: float, cancel_on_disconnect: bool, node_url: str | None = None,
-                 busy: BusyMarks | None = None, held: HeldWindows | None = None) -> None:
+                 busy: BusyMarks | None = None, held: HeldWindows | None = None,
+                 make_room: Callable[[int, int], Awaitable[bool]] | None = None) -> None:
         self.store = store
         self.upstream = upstream
         self.metrics = metrics
@@ -60,9 +61,9 @@ class FillManager:
         self._follower = Follower(store, upstream, metrics, self.threads, chunk_size=chunk_size,
                                   node_url=self.node_url)
         self.on_commit: list[Callable[[FillSpec], None]] = []
-        # The quota's make_room(size, reserved) (the cache manager, built after us: set by the wiring). Completing a
-        # sparse file (its share policy, the sync, a warm) reserves the rest of it first, as a new fill does.
-        self.make_room: Callable[[int, int], Awaitable[bool]] | None = None
+        # The quota's make_room(size, reserved). Completing a sparse file (its share policy, the sync, a warm)
+        # reserves the rest of it first, as a new fill does. None: no quota to ask.
+        self.make_room = make_room
         # The fleet's busy marks (a fleet database): a blob this process fills is never evicted by any node.
         self.busy = busy
         # The fleet's record of the windows paused sparse fills left, by node (a fleet database and --node-url).
