@@ -487,6 +487,9 @@ def test_bucket_down_hot_tier_hits_served_other_reads_fail_then_back(emu: Emulat
             committed = {emu.files.etag("model", MODEL, "main", paths[name]) for name in ("warm", "only_a")}
             # Only committed blobs enter a hot tier: wait for the uploads before taking the bucket away.
             wait_until(lambda: blob_keys(fleet) == {f"blobs/{e[:2]}/{e}" for e in committed}, "both blobs committed")
+            # ... and for each node's own copy (B's follows A's commit): a hot-tier hit only once it is there.
+            warm_etag = emu.files.etag("model", MODEL, "main", paths["warm"])
+            wait_until(lambda: all(hot_copy(node, warm_etag).exists() for node in (a, b)), "the hot-tier copies")
             own.stop()
             for node in (a, b):
                 status, body, headers = get(node.url + urls["warm"])
