@@ -245,6 +245,12 @@ def read_windows(partial: Path, fd: int) -> tuple[int, list[tuple[int, int]]] | 
     return window, held
 
 
+def held_at(partial: Path, fd: int) -> list[tuple[int, int]]:
+    """The spans ``[start, done)`` the map of the partial file open at ``fd`` lists as on disk (none: no valid map)."""
+    held = read_windows(partial, fd)
+    return [(a, b) for a, b in held[1] if b > a] if held is not None else []
+
+
 def held_windows(partial: Path) -> list[tuple[int, int]]:
     """The spans ``[start, done)`` a sparse partial file's map lists as on disk (none: no valid map). Blocking."""
     try:
@@ -252,10 +258,9 @@ def held_windows(partial: Path) -> list[tuple[int, int]]:
     except FileNotFoundError:
         return []
     try:
-        held = read_windows(partial, fd)
+        return held_at(partial, fd)
     finally:
         os.close(fd)
-    return [(a, b) for a, b in held[1] if b > a] if held is not None else []
 
 
 def covers(held: list[tuple[int, int]], start: int, end: int) -> bool:

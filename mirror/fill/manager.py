@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from mirror.errors import FillPaused, LeaseLost, MirrorError, NoDiskRoom, UpstreamUnavailable
-from mirror.fill.copy import covers, held_windows, read_windows, touch_windows
+from mirror.fill.copy import covers, held_at, held_windows, touch_windows
 from mirror.fill.download import download
 from mirror.fill.peer import Follower, PeerCopy
 from mirror.fill.state import Fill, FillSpec
@@ -153,10 +153,10 @@ class FillManager:
         if self.held is None or not partial.exists() or not await self.held.opens(etag, token):
             yield None
             return
-        fd = await asyncio.to_thread(_open_held, partial, start, end)
-        if fd is None and not await asyncio.to_thread(held_windows, partial):
-            await self.held.forget(etag)  # the windows went without their record (a crash between the two)
+        fd, held = await asyncio.to_thread(_open_held, partial, start, end)
         if fd is None:
+            if not held:
+                await self.held.forget(etag)  # the windows went without their record (a crash between the two)
             yield None
             return
         try:
@@ -415,14 +415,15 @@ class FillManager:
                        room=self._room if self.make_room is not None else None)
 
 
-def _open_held(partial: Path, start: int, end: int) -> int | None:
-    """An fd on ``partial`` when its windows map (read against that fd: the same file) holds ``start..end``."""
+def _open_held(partial: Path, start: int, end: int) -> tuple[int | None, list[tuple[int, int]]]:
+    """The spans ``partial``'s windows map holds (read against the fd: the same file), and an fd on it when they hold
+    ``start..end`` (else None)."""
     try:
         fd = os.open(partial, os.O_RDONLY)
     except FileNotFoundError:
-        return None
-    found = read_windows(partial, fd)
-    if found is None or not covers([(a, b) for a, b in found[1] if b > a], start, end):
+        return None, []
+    held = held_at(partial, fd)
+    if not covers(held, start, end):
         os.close(fd)
-        return None
-    return fd
+        return None, held
+    return fd, held

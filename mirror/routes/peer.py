@@ -37,6 +37,14 @@ _TOKEN_HEADER = hf.H_PEER_TOKEN.lower().encode()
 _ETAG = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # blob names: git sha1 or sha256, nothing path-like
 
 
+_NO_FILL = "No fill of this blob is in progress on this node"  # the one 404 of this route, whatever the reason
+
+
+def _bounded(range_header: str | None) -> bool:
+    """A Range with an end (a Range read relayed for another node's reader), not a follower's ``bytes=N-``."""
+    return bool(range_header) and not range_header.rstrip().endswith("-")
+
+
 class PeerFillHandler:
     def __init__(self, fills: FillManager, metrics: Metrics, *, chunk_size: int) -> None:
         self.fills = fills
@@ -57,7 +65,7 @@ class PeerFillHandler:
                 if token and _ETAG.fullmatch(etag):
                     # No fill of it that this token opens: the windows a paused sparse fill left, as recorded.
                     return await self._send_held(scope, receive, send, etag, token)
-                raise EntryNotFound(None, "No fill of this blob is in progress on this node")
+                raise EntryNotFound(None, _NO_FILL)
             size = fill.spec.size
             range_header = header(scope, b"range")
             byte_range = parse_range(range_header, size)
@@ -65,7 +73,7 @@ class PeerFillHandler:
             await send_error(send, exc)
             return Outcome.ERROR
         start, end = byte_range or (0, size - 1)
-        if byte_range is not None and fill.sparse and not (range_header or "").rstrip().endswith("-"):
+        if byte_range is not None and fill.sparse and _bounded(range_header):
             # A bounded Range relayed for another node's reader (FillManager.peer_for_range): served from the windows
             # held; the ones not held yet are asked at once, with the read-ahead, as for a Range of our own clients
             # (a follower's open-ended stream asks them as it goes, as before).
@@ -95,23 +103,22 @@ class PeerFillHandler:
         """A bounded Range of the windows this node's sparse partial file holds, for the token its record of them
         carries (:meth:`~mirror.fill.FillManager.reading_held`): from the file only, never from upstream. Anything
         else is the 404 of any unknown fill (the asking node fills the Range itself)."""
-        range_header = header(scope, b"range") or ""
+        range_header = header(scope, b"range")
         try:
             size = int(dict(query_pairs(scope)).get("size", ""))
         except ValueError:
             size = -1
         try:
-            byte_range = parse_range(range_header, size) if size > 0 and not range_header.rstrip().endswith("-") \
-                else None
+            byte_range = parse_range(range_header, size) if size > 0 and _bounded(range_header) else None
         except MirrorError:
             byte_range = None
         if byte_range is None:
-            await send_error(send, EntryNotFound(None, "No fill of this blob is in progress on this node"))
+            await send_error(send, EntryNotFound(None, _NO_FILL))
             return Outcome.ERROR
         start, end = byte_range
         async with self.fills.reading_held(etag, token, start, end) as fd:
             if fd is None:
-                await send_error(send, EntryNotFound(None, "No fill of this blob is in progress on this node"))
+                await send_error(send, EntryNotFound(None, _NO_FILL))
                 return Outcome.ERROR
             await send({"type": "http.response.start", "status": 206, "headers": [
                 (b"content-type", b"application/octet-stream"), (b"etag", f'"{etag}"'.encode()),
