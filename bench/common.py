@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mirror.config import parse_size as _parse_config_size
+from mirror.harness.services import stat_cpu_s
 from mirror.layout import CacheLayout
 from tests.support.hub_emulator.runner import EmulatorHandle, run_emulator
 from tests.support.mirror_proc import MirrorProcess, free_port
@@ -141,8 +142,7 @@ def blob_path(cache: Path, etag: str, wait: float = 0.0) -> Path:
 
 def cpu_seconds(pid: int) -> float:
     """CPU-seconds a process used (every thread, user + system)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu_s(Path(f"/proc/{pid}/stat"))
 
 
 def thread_cpu_seconds(pid: int) -> dict[int, float]:
@@ -150,10 +150,9 @@ def thread_cpu_seconds(pid: int) -> dict[int, float]:
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(task.name)] = stat_cpu_s(task / "stat")
         except OSError:
             continue
-        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return out
 
 

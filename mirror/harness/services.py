@@ -67,11 +67,17 @@ class Service:
             proc.wait()
 
 
+def stat_cpu_s(stat: Path) -> float:
+    """CPU seconds (user + system) in a ``/proc`` stat file (``/proc/PID/stat``, or a thread's
+    ``/proc/PID/task/TID/stat``). Raises OSError when unreadable."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def process_cpu_s(pid: int) -> float | None:
     """A process's CPU seconds (user + system) from ``/proc/PID/stat``; None when unreadable."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return stat_cpu_s(Path(f"/proc/{pid}/stat"))
     except (OSError, IndexError, ValueError):
         return None
 
