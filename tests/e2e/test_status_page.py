@@ -38,6 +38,15 @@ def chromium() -> str:
     return path
 
 
+# What the DevTools protocol answers an evaluation made while the page is being replaced.
+_NAVIGATING = ("Inspected target navigated or closed", "Execution context was destroyed",
+               "Cannot find context with specified id")
+
+
+class PageNavigating(Exception):
+    """The page was navigating away when asked; ask again."""
+
+
 class Browser:
     """Headless Chromium over the DevTools protocol (what Playwright does, in 60 lines): navigate, evaluate a
     script and await its promise, take a screenshot."""
@@ -69,6 +78,9 @@ class Browser:
         while True:
             message = json.loads(self.ws.recv(timeout=max(0.1, deadline - time.monotonic())))
             if message.get("id") == self._id:
+                error = message.get("error", {}).get("message", "")
+                if any(sign in error for sign in _NAVIGATING):
+                    raise PageNavigating(error)
                 assert "error" not in message, message
                 return message["result"]
             self.events.append(message)
@@ -100,10 +112,14 @@ class Browser:
     def wait(self, expression: str, timeout: float = 30) -> Any:
         """Poll ``expression`` in the page until it is truthy, and return its value."""
         deadline = time.monotonic() + timeout
-        while not (value := self.eval(expression)):
+        while True:
+            try:
+                if value := self.eval(expression):
+                    return value
+            except PageNavigating:
+                pass  # a click's navigation is under way: the next page answers the next poll
             assert time.monotonic() < deadline, f"never true in the page: {expression}"
             time.sleep(0.2)
-        return value
 
     def close(self) -> None:
         self.ws.close()
