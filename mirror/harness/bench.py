@@ -102,7 +102,7 @@ def _run_with_display(pending: PendingPass, args: argparse.Namespace, tty: bool,
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed} rows"),
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), transient=True) as progress:
-        task = progress.add_task(spec.name, total=args.max_rows, rate="")
+        task = progress.add_task(spec.name, total=args.max_rows or None, rate="")
 
         def update(event: dict[str, Any]) -> None:
             rate = f"{event['rows'] / event['t']:.0f} rows/s" if event.get("t") else ""

@@ -10,7 +10,7 @@ from pathlib import Path
 from mirror.harness.bench import run_bench
 from mirror.harness.passes import SAMPLE_KINDS
 from mirror.harness.protocol import EXIT_USER_ERROR, HarnessError
-from mirror.harness.sample_bench import PARQUET_BATCH_ROWS, run_sample_bench
+from mirror.harness.sample_bench import PARQUET_BATCH_ROWS, SAMPLE_MAX_ROWS, run_sample_bench
 
 
 def worker_counts(text: str) -> list[int]:
@@ -78,7 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "pyarrow reads and decodes that many batches ahead in the background, so it bounds each worker's "
              "read-ahead. 0 = datasets' default (a row group per batch: each worker reads its whole shard ahead). "
              f"Default {PARQUET_BATCH_ROWS} without --endpoint, 0 with it (your dataset may not be Parquet)")
-    add("--max-rows", type=int, default=None, help="stop after this many rows per pass")
+    add("--max-rows", type=_at_least(0), default=None,
+        help=f"stop each pass after this many rows; 0 = the whole split. Default {SAMPLE_MAX_ROWS:,} without "
+             "--endpoint (a whole 2G pass at --step-ms 50 takes ~2 h) unless --max-seconds is given, the whole split "
+             "with it")
     add("--max-seconds", type=float, default=None, help="stop a pass after this many seconds")
     add("--step-ms", type=float, default=0.0,
         help="simulated training step per batch in ms (default 0): a sleep on the CPU, calibrated matmuls on a GPU; "
@@ -93,15 +96,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--timeout", type=float, default=3600.0, help="seconds one pass may take before it is killed (default 3600)")
 
 
-def run(args: argparse.Namespace) -> int:
+def settle_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """The defaults that depend on the mode: a user's dataset behind ``--endpoint`` is read as they gave it (one
+    pass set, whole, datasets' own Parquet batches); the self-contained bench bounds each pass."""
     if args.workers is None:
         args.workers = [args.num_workers] if args.num_workers is not None else [0] if args.endpoint else [0, 4, 16]
+    if args.endpoint:
+        if args.parquet_batch_rows is None:
+            args.parquet_batch_rows = 0
+    elif args.max_rows is None and args.max_seconds is None:
+        args.max_rows = SAMPLE_MAX_ROWS
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    settle_defaults(args)
     try:
         if args.endpoint:
             if not args.dataset or not args.tokenizer:
                 raise HarnessError("missing_repo", "--endpoint needs --dataset and --tokenizer")
-            if args.parquet_batch_rows is None:
-                args.parquet_batch_rows = 0
             report = run_bench(args)
         else:
             report = run_sample_bench(args)

@@ -25,6 +25,10 @@ TOKENIZER = "demo/bench-tokenizer"
 # 256 rows bound it to the first pre-buffered range (~37 MB, four row groups) per worker; the rows and tokens are
 # the same (docs/harness.md: "Read-ahead").
 PARQUET_BATCH_ROWS = 256
+# rows each pass of a self-contained ``bench`` reads unless --max-rows or --max-seconds says otherwise: a 50 ms step
+# per 32-row batch caps a pass at 640 rows/s, so the 2G dataset's 4.5 million rows would take ~2 h a pass; 20,000
+# rows (625 steps, >= 31 s) are past the first batch's latency and every worker's start (docs/harness.md)
+SAMPLE_MAX_ROWS = 20_000
 
 
 def run_sample_bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -36,6 +40,9 @@ def run_sample_bench(args: argparse.Namespace) -> dict[str, Any]:
           f"{sum(m['size'] for m in data.manifest['dataset_files'].values()) / 1e6:,.1f} MB in "
           f"{len(data.manifest['dataset_files'])} files at {data.root} "
           f"(generated in {data.manifest['generate_s']:.1f}s; ready in {ready_s:.1f}s)", flush=True)
+    if args.max_rows and data.rows > args.max_rows:
+        print(f"[bench] every pass stops at {args.max_rows:,} of the dataset's {data.rows:,} rows "
+              "(--max-rows 0 reads it whole)", flush=True)
     args.dataset, args.tokenizer, args.config, args.split, args.text_column = DATASET, TOKENIZER, None, "train", "text"
     if getattr(args, "parquet_batch_rows", None) is None:  # the flag not given (or the demo's own namespace)
         args.parquet_batch_rows = PARQUET_BATCH_ROWS
