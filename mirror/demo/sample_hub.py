@@ -17,6 +17,7 @@ from disk) and its tokenizer ``demo/bench-tokenizer`` (:mod:`mirror.harness.samp
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import io
 import json
@@ -245,7 +246,13 @@ class SampleHub:
             self.stats["requests"] += 1
             self.stats[f"{kind}_requests"] += 1
         if isinstance(payload, FileSlice):
-            await _send_file(send, scope["method"], status, out_headers, payload, count)
+            # the client hanging up ends the body (uvicorn's send would take the rest silently): what is counted
+            # is what a client could have read, not the rest of a window a hedge or a cancel left behind
+            gone = asyncio.ensure_future(receive())
+            try:
+                await _send_file(send, scope["method"], status, out_headers, payload, count, gone)
+            finally:
+                gone.cancel()
             return
         await send_response(send, scope["method"], status, out_headers, payload)
         count(0 if scope["method"] == "HEAD" else len(payload))
@@ -343,7 +350,7 @@ def _serve(f: RepoFile, commit: str, range_header: str | None) -> tuple[int, dic
 
 
 async def _send_file(send: Send, method: str, status: int, headers: dict[str, str], body: FileSlice,
-                     counted: Callable[[int], None]) -> None:
+                     counted: Callable[[int], None], gone: asyncio.Future[Any]) -> None:
     length = body.end - body.start + 1
     headers["content-length"] = str(length)
     await send({"type": "http.response.start", "status": status,
@@ -354,7 +361,7 @@ async def _send_file(send: Send, method: str, status: int, headers: dict[str, st
     with open(body.path, "rb") as f:
         f.seek(body.start)
         left = length
-        while left > 0:
+        while left > 0 and not gone.done():
             chunk = f.read(min(left, 1 << 20))
             if not chunk:
                 break
