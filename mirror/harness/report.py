@@ -29,7 +29,9 @@ def build_report(args: argparse.Namespace, outcomes: list[PassOutcome], labels: 
             notes.append(f"no GPU used ({first.get('device_note')}): batches stay on the CPU, "
                          "so there is no host-to-device transfer to measure")
     if len(passes) < len(runs):
-        notes.append(f"each figure is the median of {len(runs) // max(len(passes), 1)} runs (every run in 'runs')")
+        once = [str(p.get("label") or p["name"]) for p in passes if p.get("runs", 1) == 1]
+        notes.append(f"each figure is the median of {max(p.get('runs', 1) for p in passes)} runs (every run in "
+                     f"'runs')" + (f"; run once: {', '.join(once)}" if once else ""))
     notes.append("MB/s = bytes the pass read (sockets: HTTP headers+bodies, metadata and tokenizer included; local: "
                  "read() bytes) / pass time; stall = share of the step loop's wall time spent waiting for a batch; "
                  "upstream = what reached the sample Hub (or, against your own mirror, the mirror's /metrics); "
