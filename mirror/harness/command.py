@@ -79,9 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "read-ahead. 0 = datasets' default (a row group per batch: each worker reads its whole shard ahead). "
              f"Default {PARQUET_BATCH_ROWS} without --endpoint, 0 with it (your dataset may not be Parquet)")
     add("--max-rows", type=_at_least(0), default=None,
-        help=f"stop each pass after this many rows; 0 = the whole split. Default {SAMPLE_MAX_ROWS:,} without "
-             "--endpoint (a whole 2G pass at --step-ms 50 takes ~2 h) unless --max-seconds is given, the whole split "
-             "with it")
+        help=f"stop each pass after this many rows; 0 = the whole split. Default {SAMPLE_MAX_ROWS:,} unless "
+             "--max-seconds is given (a whole 2G pass at --step-ms 50 takes ~2 h)")
     add("--max-seconds", type=float, default=None, help="stop a pass after this many seconds")
     add("--step-ms", type=float, default=0.0,
         help="simulated training step per batch in ms (default 0): a sleep on the CPU, calibrated matmuls on a GPU; "
@@ -97,14 +96,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def settle_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """The defaults that depend on the mode: a user's dataset behind ``--endpoint`` is read as they gave it (one
-    pass set, whole, datasets' own Parquet batches); the self-contained bench bounds each pass."""
+    """The defaults that depend on the mode (a user's dataset behind ``--endpoint`` gets one pass set and datasets'
+    own Parquet batches), and the bound on every pass: a bench measures rates, which a Hub-sized split would take
+    hours to reach the end of."""
     if args.workers is None:
         args.workers = [args.num_workers] if args.num_workers is not None else [0] if args.endpoint else [0, 4, 16]
-    if args.endpoint:
-        if args.parquet_batch_rows is None:
-            args.parquet_batch_rows = 0
-    elif args.max_rows is None and args.max_seconds is None:
+    if args.endpoint and args.parquet_batch_rows is None:
+        args.parquet_batch_rows = 0
+    if args.max_rows is None and args.max_seconds is None:
         args.max_rows = SAMPLE_MAX_ROWS
     return args
 
