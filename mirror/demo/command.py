@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from mirror.harness.command import worker_counts
+from mirror.harness.command import at_least, seconds, worker_counts
 from mirror.harness.protocol import EXIT_USER_ERROR, HarnessError
 from mirror.harness.sample_bench import run_sample_bench
 
@@ -21,11 +21,12 @@ from mirror.harness.sample_bench import run_sample_bench
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--size", default="2M", help="parquet bytes of the sample dataset (default 2M; the bench's default is 2G)")
-    add("--max-rows", type=int, default=None, help="rows per pass (default: the whole split)")
-    add("--batch-size", type=int, default=64, help="rows per batch (default 64)")
+    add("--max-rows", type=at_least(0), default=None, help="rows per pass (default: the whole split)")
+    add("--batch-size", type=at_least(1), default=64, help="rows per batch (default 64)")
     add("--workers", default="0", help="DataLoader worker counts, e.g. 0,2 (default 0)")
     add("--num-workers", type=int, default=None, help=argparse.SUPPRESS)  # the flag before --workers
-    add("--step-ms", type=float, default=0.0, help="simulated training step per batch in ms (default 0)")
+    add("--step-ms", type=seconds(positive=False), default=0.0,
+        help="simulated training step per batch in ms (default 0)")
     add("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where batches go (default auto)")
     add("--no-direct", action="store_true", help="skip the pass straight against the sample Hub")
     add("--no-local", action="store_true", help="skip the pass from local disk")

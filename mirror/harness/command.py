@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +32,7 @@ def _passes(text: str) -> list[str]:
     return kinds
 
 
-def _at_least(minimum: int) -> Callable[[str], int]:
+def at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: a whole number of at least ``minimum`` (a negative batch reached pyarrow before)."""
     def parse(text: str) -> int:
         try:
@@ -40,6 +41,21 @@ def _at_least(minimum: int) -> Callable[[str], int]:
             value = minimum - 1
         if value < minimum:
             raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, not {text!r}")
+        return value
+    return parse
+
+
+def seconds(positive: bool) -> Callable[[str], float]:
+    """An argparse type: a time in seconds (or ms), above zero when ``positive``, else zero or more."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (value > 0 if positive else value >= 0):  # nan and inf fail too
+            raise argparse.ArgumentTypeError(f"expected a number {'>' if positive else '>='} 0, not {text!r}")
+        if math.isinf(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, not {text!r}")
         return value
     return parse
 
@@ -64,25 +80,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where generated datasets are kept (default $HF_MIRROR_SAMPLE_DATA or ~/.cache/hf-mirror/sample-data)")
     add("--passes", type=_passes, default=list(SAMPLE_KINDS),
         help=f"without --endpoint: which passes (default {','.join(SAMPLE_KINDS)})")
-    add("--repeat", type=_at_least(1), default=1,
+    add("--repeat", type=at_least(1), default=1,
         help="without --endpoint: run every pass N times; the table shows medians")
-    add("--batch-size", type=_at_least(1), default=32, help="rows per batch (default 32)")
-    add("--max-length", type=_at_least(1), default=128, help="tokenizer truncation length (default 128)")
+    add("--batch-size", type=at_least(1), default=32, help="rows per batch (default 32)")
+    add("--max-length", type=at_least(1), default=128, help="tokenizer truncation length (default 128)")
     add("--workers", type=worker_counts, default=None,
         help="DataLoader worker counts, one set of passes each, e.g. 0,4,16 (default: 0,4,16 without --endpoint, "
              "0 with it)")
     add("--num-workers", type=int, default=None, help=argparse.SUPPRESS)  # the flag before --workers
-    add("--shuffle-buffer", type=_at_least(0), default=0, help="IterableDataset.shuffle buffer size; 0 = no shuffle")
-    add("--parquet-batch-rows", type=_at_least(0), default=None,
+    add("--shuffle-buffer", type=at_least(0), default=0, help="IterableDataset.shuffle buffer size; 0 = no shuffle")
+    add("--parquet-batch-rows", type=at_least(0), default=None,
         help="rows per Arrow record batch datasets reads from a Parquet file (load_dataset(..., batch_size=N)); "
              "pyarrow reads and decodes that many batches ahead in the background, so it bounds each worker's "
              "read-ahead. 0 = datasets' default (a row group per batch: each worker reads its whole shard ahead). "
              f"Default {PARQUET_BATCH_ROWS} without --endpoint, 0 with it (your dataset may not be Parquet)")
-    add("--max-rows", type=_at_least(0), default=None,
+    add("--max-rows", type=at_least(0), default=None,
         help=f"stop each pass after this many rows; 0 = the whole split. Default {SAMPLE_MAX_ROWS:,} unless "
              "--max-seconds is given (a whole 2G pass at --step-ms 50 takes ~2 h)")
-    add("--max-seconds", type=float, default=None, help="stop a pass after this many seconds")
-    add("--step-ms", type=float, default=0.0,
+    add("--max-seconds", type=seconds(positive=True), default=None, help="stop a pass after this many seconds")
+    add("--step-ms", type=seconds(positive=False), default=0.0,
         help="simulated training step per batch in ms (default 0): a sleep on the CPU, calibrated matmuls on a GPU; "
              "makes the data stall meaningful")
     add("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where batches go (default auto)")
@@ -92,7 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --endpoint: also stream the dataset's files from this local folder (the ceiling)")
     add("--json", metavar="FILE", type=Path, default=None, help="write all figures to this JSON file")
     add("--plot", metavar="FILE.png", type=Path, default=None, help="plot throughput over time (needs matplotlib)")
-    add("--timeout", type=float, default=3600.0, help="seconds one pass may take before it is killed (default 3600)")
+    add("--timeout", type=seconds(positive=True), default=3600.0,
+        help="seconds one pass may take before it is killed (default 3600)")
 
 
 def settle_defaults(args: argparse.Namespace) -> argparse.Namespace:

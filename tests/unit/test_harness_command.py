@@ -18,12 +18,16 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_counts_are_parsed() -> None:
-    args = parse("--parquet-batch-rows", "0", "--batch-size", "8", "--repeat", "3", "--shuffle-buffer", "0")
+    args = parse("--parquet-batch-rows", "0", "--batch-size", "8", "--repeat", "3", "--shuffle-buffer", "0",
+                 "--step-ms", "0", "--max-seconds", "2.5")
     assert (args.parquet_batch_rows, args.batch_size, args.repeat, args.shuffle_buffer) == (0, 8, 3, 0)
+    assert (args.step_ms, args.max_seconds, args.timeout) == (0.0, 2.5, 3600.0)
 
 
 @pytest.mark.parametrize("argv", [("--parquet-batch-rows", "-5"), ("--batch-size", "0"), ("--repeat", "0"),
-                                  ("--max-length", "x"), ("--shuffle-buffer", "-1")])
+                                  ("--max-length", "x"), ("--shuffle-buffer", "-1"), ("--max-seconds", "0"),
+                                  ("--max-seconds", "nan"), ("--step-ms", "-1"), ("--step-ms", "inf"),
+                                  ("--timeout", "-3")])
 def test_impossible_counts_are_refused_naming_the_flag(argv: tuple[str, str]) -> None:
     with pytest.raises(argparse.ArgumentError, match=argv[0]):
         parse(*argv)
