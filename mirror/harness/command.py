@@ -11,7 +11,12 @@ from pathlib import Path
 from mirror.harness.bench import run_bench
 from mirror.harness.passes import SAMPLE_KINDS
 from mirror.harness.protocol import EXIT_USER_ERROR, HarnessError
-from mirror.harness.sample_bench import PARQUET_BATCH_ROWS, SAMPLE_MAX_ROWS, run_sample_bench
+from mirror.harness.sample_bench import PARQUET_BATCH_ROWS, run_sample_bench
+
+# rows each pass reads unless --max-rows or --max-seconds says otherwise: a 50 ms step per 32-row batch caps a pass
+# at 640 rows/s, so the 2G sample dataset's 4.5 million rows would take ~2 h a pass (a Hub dataset's split, days);
+# 20,000 rows (625 steps, >= 31 s) are well past the first batch's latency and every worker's start (docs/harness.md)
+DEFAULT_MAX_ROWS = 20_000
 
 
 def worker_counts(text: str) -> list[int]:
@@ -52,7 +57,7 @@ def seconds(positive: bool) -> Callable[[str], float]:
             value = float(text)
         except ValueError:
             value = math.nan
-        if not (value > 0 if positive else value >= 0):  # nan and inf fail too
+        if not (value > 0 if positive else value >= 0):  # nan fails here
             raise argparse.ArgumentTypeError(f"expected a number {'>' if positive else '>='} 0, not {text!r}")
         if math.isinf(value):
             raise argparse.ArgumentTypeError(f"expected a finite number, not {text!r}")
@@ -95,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "read-ahead. 0 = datasets' default (a row group per batch: each worker reads its whole shard ahead). "
              f"Default {PARQUET_BATCH_ROWS} without --endpoint, 0 with it (your dataset may not be Parquet)")
     add("--max-rows", type=at_least(0), default=None,
-        help=f"stop each pass after this many rows; 0 = the whole split. Default {SAMPLE_MAX_ROWS:,} unless "
+        help=f"stop each pass after this many rows; 0 = the whole split. Default {DEFAULT_MAX_ROWS:,} unless "
              "--max-seconds is given (a whole 2G pass at --step-ms 50 takes ~2 h)")
     add("--max-seconds", type=seconds(positive=True), default=None, help="stop a pass after this many seconds")
     add("--step-ms", type=seconds(positive=False), default=0.0,
@@ -121,7 +126,7 @@ def settle_defaults(args: argparse.Namespace) -> argparse.Namespace:
     if args.endpoint and args.parquet_batch_rows is None:
         args.parquet_batch_rows = 0
     if args.max_rows is None and args.max_seconds is None:
-        args.max_rows = SAMPLE_MAX_ROWS
+        args.max_rows = DEFAULT_MAX_ROWS
     return args
 
 

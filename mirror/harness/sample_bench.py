@@ -25,10 +25,6 @@ TOKENIZER = "demo/bench-tokenizer"
 # 256 rows bound it to the first pre-buffered range (~37 MB, four row groups) per worker; the rows and tokens are
 # the same (docs/harness.md: "Read-ahead").
 PARQUET_BATCH_ROWS = 256
-# rows each pass of a self-contained ``bench`` reads unless --max-rows or --max-seconds says otherwise: a 50 ms step
-# per 32-row batch caps a pass at 640 rows/s, so the 2G dataset's 4.5 million rows would take ~2 h a pass; 20,000
-# rows (625 steps, >= 31 s) are past the first batch's latency and every worker's start (docs/harness.md)
-SAMPLE_MAX_ROWS = 20_000
 
 
 def run_sample_bench(args: argparse.Namespace) -> dict[str, Any]:

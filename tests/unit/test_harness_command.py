@@ -7,8 +7,7 @@ import argparse
 
 import pytest
 
-from mirror.harness.command import add_arguments, settle_defaults
-from mirror.harness.sample_bench import SAMPLE_MAX_ROWS
+from mirror.harness.command import DEFAULT_MAX_ROWS, add_arguments, settle_defaults
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -35,13 +34,13 @@ def test_impossible_counts_are_refused_naming_the_flag(argv: tuple[str, str]) ->
 
 def test_a_bench_bounds_each_pass_unless_told() -> None:
     """The issue's own command (``--size 2G --workers 16 --step-ms 50``) must finish: a whole 2G pass at 50 ms steps
-    is ~2 h, so without --max-rows or --max-seconds each pass stops at SAMPLE_MAX_ROWS; 0 reads the whole split."""
-    assert settle_defaults(parse("--size", "2G", "--workers", "16", "--step-ms", "50")).max_rows == SAMPLE_MAX_ROWS
+    is ~2 h, so without --max-rows or --max-seconds each pass stops at DEFAULT_MAX_ROWS; 0 reads the whole split."""
+    assert settle_defaults(parse("--size", "2G", "--workers", "16", "--step-ms", "50")).max_rows == DEFAULT_MAX_ROWS
     assert settle_defaults(parse("--max-rows", "0")).max_rows == 0
     assert settle_defaults(parse("--max-rows", "500")).max_rows == 500
     timed = settle_defaults(parse("--max-seconds", "30"))
     assert (timed.max_rows, timed.max_seconds) == (None, 30)
     theirs = settle_defaults(parse("--endpoint", "http://mirror:8090", "--dataset", "a/b", "--tokenizer", "c/d"))
-    assert (theirs.max_rows, theirs.parquet_batch_rows, theirs.workers) == (SAMPLE_MAX_ROWS, 0, [0])
+    assert (theirs.max_rows, theirs.parquet_batch_rows, theirs.workers) == (DEFAULT_MAX_ROWS, 0, [0])
     with pytest.raises(argparse.ArgumentError, match="--max-rows"):
         parse("--max-rows", "-1")
