@@ -218,6 +218,10 @@ class Settings(BaseSettings):
     # How long a node waits for the fleet's database to answer (a new connection, or one from the pool) before it
     # reports the metadata unavailable: a fill that needs a lease fails after this while the database is down.
     metadata_connect_timeout: float = Field(10.0, gt=0)
+    # How long a read the node can do without (a shared answer, a held-windows record: upstream or its own fill
+    # answers instead) waits for a database connection: a database gone away costs a request this long, not the
+    # connect timeout. At most the connect timeout.
+    metadata_read_timeout: float = Field(2.0, gt=0)
     # Access (issue 6).
     access_ttl: float = 300.0
     # How long a caller's confirmed access to non-public content is honoured when upstream cannot be asked

@@ -34,7 +34,7 @@ SETTING_GROUPS: dict[str, tuple[str, ...]] = {
     "xet": ("serve_xet", "xet_token_ttl", "xet_signing_secret"),
     "fleet (storage s3)": ("storage", "s3_endpoint", "s3_bucket", "s3_prefix", "s3_region", "hot_tier_max_size",
                            "lease_stale_seconds", "node_url", "metadata_url", "fleet_lease_seconds",
-                           "metadata_connect_timeout"),
+                           "metadata_connect_timeout", "metadata_read_timeout"),
     "admission policy": ("policy_dry_run", "policy_scan", "policy_scan_allow_globals", "policy_hub_unsafe",
                          "policy_hub_caution", "policy_hub_unscanned", "policy_allow_files", "policy_block_files",
                          "policy_allow_licenses", "policy_deny_licenses", "policy_license_unknown",
@@ -126,6 +126,9 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, suppress_defaults
     add("--metadata-connect-timeout", type=float,
         help="seconds a node waits for the fleet's database to answer before it reports it unavailable (with "
         "--metadata-url; default 10)")
+    add("--metadata-read-timeout", type=float,
+        help="seconds a read the node can do without (a shared answer; it asks upstream instead) waits for the "
+        "fleet's database (with --metadata-url; default 2, at most --metadata-connect-timeout)")
     add("--parallel-fill-threshold", help="files of at least this size are fetched upstream over several "
         "connections, e.g. 64M (default; 0: never)")
     add("--fill-connections", type=int, help="concurrent Range requests of one large fill (default 8)")

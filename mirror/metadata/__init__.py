@@ -21,5 +21,6 @@ def open_metadata(settings: Settings, index: MetadataIndex, layout: CacheLayout)
             from mirror.metadata.postgres import PostgresMetadata  # psycopg (the fleet extra) only where it is used
         except ModuleNotFoundError as exc:
             raise ConfigError(f"metadata_url needs the fleet extra: pip install 'hf-mirror[fleet]' ({exc})") from exc
-        return PostgresMetadata(settings.metadata_url, connect_timeout=settings.metadata_connect_timeout)
+        return PostgresMetadata(settings.metadata_url, connect_timeout=settings.metadata_connect_timeout,
+                                read_timeout=min(settings.metadata_read_timeout, settings.metadata_connect_timeout))
     return EmbeddedMetadata(index, layout.fill_leases_dir)

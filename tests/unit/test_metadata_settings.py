@@ -55,6 +55,29 @@ def test_metadata_connect_timeout_from_every_source_and_down_to_the_store(settin
         parts.index.close()
 
 
+def test_metadata_read_timeout_from_every_source_and_never_past_the_connect_timeout(
+        settings_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert from_cli().metadata_read_timeout == 2.0
+    assert from_cli("--metadata-read-timeout", "0.5").metadata_read_timeout == 0.5
+    config = write_toml(tmp_path, "metadata_read_timeout = 1.5\n")
+    assert from_cli("--config", str(config)).metadata_read_timeout == 1.5
+    settings_env.setenv("HF_MIRROR_METADATA_READ_TIMEOUT", "0.25")
+    assert from_cli().metadata_read_timeout == 0.25
+    for bad in ("0", "-1"):
+        with pytest.raises(ConfigError) as caught:
+            from_cli("--metadata-read-timeout", bad)
+        assert "metadata_read_timeout" in str(caught.value)
+    pytest.importorskip("psycopg")
+    for flags, expected in ((("--metadata-read-timeout", "0.75"), 0.75),
+                            (("--metadata-read-timeout", "9", "--metadata-connect-timeout", "4"), 4.0)):
+        settings = from_cli("--cache-dir", str(tmp_path / "cache"), "--metadata-url", DSN, *flags)
+        parts = build_parts(settings)
+        try:
+            assert parts.metadata.read_timeout == expected  # type: ignore[union-attr]  # the PostgreSQL store's
+        finally:
+            parts.index.close()
+
+
 def test_without_a_database_a_node_is_built_as_before(settings_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     pytest.importorskip("aiobotocore")
     settings = from_cli("--cache-dir", str(tmp_path / "cache"), "--storage", "s3", "--s3-bucket", "b")
