@@ -665,7 +665,13 @@ def test_the_database_restarted_under_load_warm_hits_keep_succeeding(emu: Emulat
         data = emu.files.file_bytes(*BIG[:2], "main", BIG[2])
 
         def filled() -> bool:  # a fill needs the database's lease again
-            status, body, _ = get(started[1].url + cold)
+            # The node's pool reconnects with a growing delay (psycopg_pool: 1, 2, 4 s...), so a first miss after the
+            # restart can still find no connection: its fill fails after the response began, a cut transfer the
+            # client resumes (docs/scale-out.md), which is what this retry does.
+            try:
+                status, body, _ = get(started[1].url + cold)
+            except httpx.TransportError:
+                return False
             return status == 200 and body == data
 
         wait_until(filled, "a cold file filled once the database is back", timeout=60)
