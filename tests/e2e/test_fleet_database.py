@@ -309,8 +309,10 @@ def test_a_flipped_byte_in_a_hot_tier_copy_never_deletes_the_bucket_object(emu: 
     etag = emu.files.etag(*BIG[:2], "main", BIG[2])
     status, body, _ = get(a.url + BIG_URL)
     assert status == 200 and body == data
-    wait_until(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "the blob in the bucket")
-    hot = a.cache_dir / "blobs" / etag[:2] / etag
+    hot = hot_copy(a, etag)
+    # the filler uploads to the bucket, then enters its hot tier (mirror/storage/s3/store.py): wait for both
+    wait_until(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"} and hot.exists(),
+               "the blob in the bucket and in A's hot tier")
     assert hot.read_bytes() == data
 
     flip_a_byte(hot)
@@ -347,9 +349,10 @@ def test_cache_verify_deletes_a_bucket_object_that_fails_its_own_check(emu: Emul
     etag = emu.files.etag(*BIG[:2], "main", BIG[2])
     status, body, _ = get(a.url + BIG_URL)
     assert status == 200 and body == data
-    wait_until(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"}, "the blob in the bucket")
+    hot = hot_copy(a, etag)
+    wait_until(lambda: blob_keys(fleet) == {f"blobs/{etag[:2]}/{etag}"} and hot.exists(),
+               "the blob in the bucket and in A's hot tier")
     a.stop()
-    hot = a.cache_dir / "blobs" / etag[:2] / etag
     assert hot.read_bytes() == data  # A's own copy is good: the bucket object is checked anyway
     rotten = bytearray(data)
     rotten[len(rotten) // 2] ^= 0xFF
@@ -429,7 +432,7 @@ def test_an_eviction_on_one_node_waits_for_a_read_on_another_then_every_node_dro
             received += chunk
     assert bytes(received) == data  # B's reader got every byte right
     assert emu.fetch_count(*BIG) == 1, emu.stats()["fetches"]
-    assert hot_copy(b, etag).exists() and hot_copy(c, etag).exists()
+    wait_until(lambda: hot_copy(b, etag).exists() and hot_copy(c, etag).exists(), "B's and C's hot-tier copies")
     # Every read over: the next evict on A removes it, and B and C drop their hot copies when told.
     wait_until(lambda: live_marks(database, etag) == 0, "the busy marks to go once the reads ended")
     assert evict(a, f"dataset/{BIG[1]}")["blobs"] == 1
