@@ -4,6 +4,7 @@ its password; absent, a node builds the embedded store and the bucket's own leas
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,48 +35,36 @@ def test_metadata_url_must_name_postgresql(settings_env: pytest.MonkeyPatch) -> 
     assert "metadata_url" in str(caught.value) and "hunter2" not in str(caught.value)
 
 
-def test_metadata_connect_timeout_from_every_source_and_down_to_the_store(settings_env: pytest.MonkeyPatch,
-                                                                           tmp_path: Path) -> None:
-    assert from_cli().metadata_connect_timeout == 10.0
-    assert from_cli("--metadata-connect-timeout", "2.5").metadata_connect_timeout == 2.5
-    config = write_toml(tmp_path, "metadata_connect_timeout = 4\n")
-    assert from_cli("--config", str(config)).metadata_connect_timeout == 4.0
-    settings_env.setenv("HF_MIRROR_METADATA_CONNECT_TIMEOUT", "3")
-    assert from_cli().metadata_connect_timeout == 3.0
+def store_of(tmp_path: Path, *flags: str) -> Any:
+    """The PostgreSQL store a node with ``flags`` builds (nothing connects before it is opened)."""
+    parts = build_parts(from_cli("--cache-dir", str(tmp_path / "cache"), "--metadata-url", DSN, *flags))
+    parts.index.close()
+    return parts.metadata
+
+
+@pytest.mark.parametrize(("key", "default", "given"), [("metadata_connect_timeout", 10.0, 2.5),
+                                                       ("metadata_read_timeout", 2.0, 0.5)])
+def test_metadata_timeouts_from_every_source(settings_env: pytest.MonkeyPatch, tmp_path: Path, key: str,
+                                             default: float, given: float) -> None:
+    flag = "--" + key.replace("_", "-")
+    assert getattr(from_cli(), key) == default
+    assert getattr(from_cli(flag, str(given)), key) == given
+    assert getattr(from_cli("--config", str(write_toml(tmp_path, f"{key} = 1.5\n"))), key) == 1.5
+    settings_env.setenv("HF_MIRROR_" + key.upper(), "0.25")
+    assert getattr(from_cli(), key) == 0.25
     for bad in ("0", "-1"):
         with pytest.raises(ConfigError) as caught:
-            from_cli("--metadata-connect-timeout", bad)
-        assert "metadata_connect_timeout" in str(caught.value)
-    pytest.importorskip("psycopg")
-    settings = from_cli("--cache-dir", str(tmp_path / "cache"), "--metadata-url", DSN)
-    parts = build_parts(settings)  # nothing connects before the store is opened
-    try:
-        assert parts.metadata.connect_timeout == 3.0  # type: ignore[union-attr]  # the PostgreSQL store's
-    finally:
-        parts.index.close()
+            from_cli(flag, bad)
+        assert key in str(caught.value)
 
 
-def test_metadata_read_timeout_from_every_source_and_never_past_the_connect_timeout(
+def test_metadata_timeouts_reach_the_store_and_a_read_never_waits_past_the_connect_timeout(
         settings_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    assert from_cli().metadata_read_timeout == 2.0
-    assert from_cli("--metadata-read-timeout", "0.5").metadata_read_timeout == 0.5
-    config = write_toml(tmp_path, "metadata_read_timeout = 1.5\n")
-    assert from_cli("--config", str(config)).metadata_read_timeout == 1.5
-    settings_env.setenv("HF_MIRROR_METADATA_READ_TIMEOUT", "0.25")
-    assert from_cli().metadata_read_timeout == 0.25
-    for bad in ("0", "-1"):
-        with pytest.raises(ConfigError) as caught:
-            from_cli("--metadata-read-timeout", bad)
-        assert "metadata_read_timeout" in str(caught.value)
     pytest.importorskip("psycopg")
-    for flags, expected in ((("--metadata-read-timeout", "0.75"), 0.75),
-                            (("--metadata-read-timeout", "9", "--metadata-connect-timeout", "4"), 4.0)):
-        settings = from_cli("--cache-dir", str(tmp_path / "cache"), "--metadata-url", DSN, *flags)
-        parts = build_parts(settings)
-        try:
-            assert parts.metadata.read_timeout == expected  # type: ignore[union-attr]  # the PostgreSQL store's
-        finally:
-            parts.index.close()
+    store = store_of(tmp_path, "--metadata-connect-timeout", "3", "--metadata-read-timeout", "0.75")
+    assert (store.connect_timeout, store.read_timeout) == (3.0, 0.75)
+    assert store_of(tmp_path, "--metadata-read-timeout", "9", "--metadata-connect-timeout", "4").read_timeout == 4.0
+    assert store_of(tmp_path).read_timeout == 2.0
 
 
 def test_without_a_database_a_node_is_built_as_before(settings_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
