@@ -1,9 +1,10 @@
 """ASGI's types, and plumbing for small apps that read the whole request and answer with a whole body: the demo's
-sample Hub (``mirror.demo.sample_hub``) and the test suite's Hub emulator. The mirror's own routes stream and use the
-types only."""
+sample Hub (``mirror.demo.sample_hub``) and the test suite's Hub emulator. The mirror's own routes stream, and use the
+types and :func:`watch_disconnect` only."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -43,3 +44,12 @@ async def send_response(send: Send, method: str, status: int, headers: dict[str,
     await send({"type": "http.response.start", "status": status,
                 "headers": [(k.encode(), v.encode()) for k, v in headers.items()]})
     await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
+
+
+async def watch_disconnect(receive: Receive, event: asyncio.Event) -> None:
+    """Set ``event`` when the client hangs up (a body sender stops at the next chunk)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            event.set()
+            return

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
-from mirror.asgi import Receive, Scope, Send, answer_lifespan, read_body, send_response
+from mirror.asgi import Receive, Scope, Send, answer_lifespan, read_body, send_response, watch_disconnect
 from mirror.harness.sample_data import ensure, parse_size
 
 MODEL_REPO = "demo/tiny-tokenizer"
@@ -248,11 +248,12 @@ class SampleHub:
         if isinstance(payload, FileSlice):
             # the client hanging up ends the body (uvicorn's send would take the rest silently): what is counted
             # is what a client could have read, not the rest of a window a hedge or a cancel left behind
-            gone = asyncio.ensure_future(receive())
+            gone = asyncio.Event()
+            watcher = asyncio.create_task(watch_disconnect(receive, gone))
             try:
                 await _send_file(send, scope["method"], status, out_headers, payload, count, gone)
             finally:
-                gone.cancel()
+                watcher.cancel()
             return
         await send_response(send, scope["method"], status, out_headers, payload)
         count(0 if scope["method"] == "HEAD" else len(payload))
@@ -350,7 +351,7 @@ def _serve(f: RepoFile, commit: str, range_header: str | None) -> tuple[int, dic
 
 
 async def _send_file(send: Send, method: str, status: int, headers: dict[str, str], body: FileSlice,
-                     counted: Callable[[int], None], gone: asyncio.Future[Any]) -> None:
+                     counted: Callable[[int], None], gone: asyncio.Event) -> None:
     length = body.end - body.start + 1
     headers["content-length"] = str(length)
     await send({"type": "http.response.start", "status": status,
@@ -361,7 +362,7 @@ async def _send_file(send: Send, method: str, status: int, headers: dict[str, st
     with open(body.path, "rb") as f:
         f.seek(body.start)
         left = length
-        while left > 0 and not gone.done():
+        while left > 0 and not gone.is_set():
             chunk = f.read(min(left, 1 << 20))
             if not chunk:
                 break

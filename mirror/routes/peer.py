@@ -24,12 +24,12 @@ import logging
 import re
 
 from mirror import hf
-from mirror.asgi import Receive, Scope, Send
+from mirror.asgi import Receive, Scope, Send, watch_disconnect
 from mirror.errors import EntryNotFound, MethodNotAllowed, MirrorError
 from mirror.fill import Fill, FillManager, FillSpec
 from mirror.metrics import Metrics, Outcome
 from mirror.routes.common import header, parse_range, query_pairs, send_error
-from mirror.routes.sendfile import send_fd_range, send_fill_range, watch_disconnect
+from mirror.routes.sendfile import send_fd_range, send_fill_range
 
 log = logging.getLogger("hf_mirror.peer")
 

@@ -17,13 +17,13 @@ from prometheus_client import Counter
 
 from mirror import hf
 from mirror.access import Caller
-from mirror.asgi import Receive, Scope, Send
+from mirror.asgi import Receive, Scope, Send, watch_disconnect
 from mirror.errors import MirrorError, PolicyBlocked
 from mirror.fill import FillManager
 from mirror.layout import blob_name
 from mirror.metrics import Metrics, Outcome
 from mirror.routes.common import header, outcome_headers, parse_range, send_error
-from mirror.routes.sendfile import send_file_range, send_fill_range, watch_disconnect
+from mirror.routes.sendfile import send_file_range, send_fill_range
 from mirror.service import MirrorService
 from mirror.service.answers import Cached, FileEntry, Filling, Relay, ResolvedFile
 

@@ -19,7 +19,7 @@ import select
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from mirror.asgi import Receive, Scope, Send
+from mirror.asgi import Scope, Send
 from mirror.fill import Fill, FillManager
 
 _SENDFILE_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="sendfile")
@@ -94,15 +94,6 @@ async def send_fill_range(scope: Scope, send: Send, fills: FillManager, fill: Fi
         return await send_fd_range(send, fd, start, length, chunk_size, disconnected,
                                    raw_send=scope.get("hf_mirror.raw_send"),
                                    available=functools.partial(fills.readable, fill))
-
-
-async def watch_disconnect(receive: Receive, event: asyncio.Event) -> None:
-    """Set ``event`` when the client hangs up (a body sender stops at the next chunk)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            event.set()
-            return
 
 
 async def _segment_end(position: int, end: int, available: Available | None) -> int:
